@@ -1,0 +1,27 @@
+"""streamvae: stream a video VAE's decode straight into MP4 bytes, chunk by chunk.
+
+A causal VAE publishes each temporal chunk as soon as it is final; streamvae moves it through quantize →
+host transfer → H.264 encode while later chunks still decode. Runs on asyncio and trio (through anyio).
+"""
+
+from streamvae.decode import decode_to_mp4
+from streamvae.protocol import ChunkPublisher, SupportsChunkedVAEDecode
+from streamvae.quantize import quantize_chunk, quantize_chunk_yuv420
+from streamvae.session import ChunkedVideoMP4Session, SessionClosedError
+from streamvae.transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, RingAbortedError
+
+__all__ = [
+    "ChunkLease",
+    "ChunkPublisher",
+    "ChunkTransferStats",
+    "ChunkedVideoMP4Session",
+    "PinnedChunkRing",
+    "RingAbortedError",
+    "SessionClosedError",
+    "SupportsChunkedVAEDecode",
+    "decode_to_mp4",
+    "quantize_chunk",
+    "quantize_chunk_yuv420",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,116 @@
+"""Decode: drive a chunked VAE decode in a worker thread into a session, with backpressure.
+
+The decode runs in a worker thread under its own limiter; each published chunk crosses into the event loop
+through a bridge that catches everything — trio's ``Cancelled`` included — and turns it into the
+protocol's failure rule, so neither a cancelled caller nor a failed session unwinds the decode mid-step:
+the decode ends at its next step boundary (single process) or after its drain (distributed), and only then
+does the caller see the outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+from torch import Tensor
+
+from streamvae.protocol import SupportsChunkedVAEDecode
+from streamvae.session import ChunkedVideoMP4Session
+
+__all__ = ["as_chunked_decoder", "decode_to_mp4"]
+
+
+class _DecodeAbandoned(Exception):
+    """Raised inside ``on_chunk`` when the caller was cancelled, so the decode stops publishing."""
+
+
+def as_chunked_decoder(vae: Any) -> SupportsChunkedVAEDecode:
+    """``vae`` itself if it implements the protocol, else the adapter of a supported diffusers VAE."""
+    if isinstance(vae, SupportsChunkedVAEDecode):
+        return vae
+    from streamvae.models import chunked_decoder  # the adapters import diffusers: only when needed
+
+    return chunked_decoder(vae)
+
+
+def _check_latents(decoder: SupportsChunkedVAEDecode, z: object) -> Tensor:
+    if not isinstance(z, Tensor):
+        raise TypeError(
+            f"z must be a torch.Tensor latent [batch, channels, frames, height, width], got {type(z)}"
+        )
+    if z.ndim != 5:
+        raise ValueError(
+            f"z must be a 5-D latent [batch, channels, frames, height, width], got {tuple(z.shape)}"
+        )
+    if z.numel() == 0:
+        raise ValueError(f"z must not be empty, got shape {tuple(z.shape)}")
+    channels = getattr(decoder, "latent_channels", None)
+    if channels is not None and z.shape[1] != channels:
+        raise ValueError(f"z must have {channels} latent channels in dim 1, got shape {tuple(z.shape)}")
+    prepare: Callable[[Tensor], Tensor] | None = getattr(decoder, "prepare_latents", None)
+    if prepare is None:
+        return z
+    return prepare(z)
+
+
+async def decode_to_mp4(
+    vae: Any,
+    z: Tensor,
+    *,
+    decode_limiter: anyio.CapacityLimiter | None = None,
+    on_session: Callable[[ChunkedVideoMP4Session], None] | None = None,
+    **session_options: Any,
+) -> list[bytes]:
+    """Decode latent ``z`` with ``vae`` and return one MP4 per batch entry, streaming as it decodes.
+
+    ``vae`` is a :class:`SupportsChunkedVAEDecode` or a supported diffusers VAE (wrapped by
+    :func:`streamvae.models.chunked_decoder`; same module, nothing reloaded). ``session_options`` go to
+    :class:`ChunkedVideoMP4Session` (``fps`` is required; ``value_range`` defaults to the decoder's).
+    ``decode_limiter`` bounds concurrent decodes across calls (default: one limiter per call);
+    ``on_session`` is called with the session once it is open (progress bars, statistics).
+
+    Errors: a failing session stops publishing and its original error is raised once the decode has ended.
+    Cancellation: a single-process decode returns at its next chunk boundary; a distributed one only after
+    its drain — every remaining step, so that no peer waits forever in a collective — so that wait is bounded
+    by the remaining decode. Ranks that do not own the output decode and return ``[]``.
+    """
+    decoder = as_chunked_decoder(vae)
+    z = _check_latents(decoder, z)
+    limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
+    if not getattr(decoder, "is_output_rank", True):
+        await anyio.to_thread.run_sync(_decode_without_output, decoder, z, limiter=limiter)
+        return []
+    session_options.setdefault("value_range", decoder.chunk_value_range)
+    session = ChunkedVideoMP4Session(**session_options)  # options are checked before the decode starts
+    async with session:
+        if on_session is not None:
+            on_session(session)
+
+        def on_chunk(chunk: Tensor) -> None:
+            try:
+                anyio.from_thread.check_cancelled()
+                session.push_from_thread(chunk)
+            except Exception:
+                raise
+            except BaseException as cancelled:  # trio's Cancelled / asyncio's CancelledError
+                raise _DecodeAbandoned("the caller of decode_to_mp4 was cancelled") from cancelled
+
+        try:
+            await anyio.to_thread.run_sync(
+                lambda: decoder.decode_with_chunks(z, on_chunk=on_chunk), limiter=limiter
+            )
+        except BaseException:
+            # The decode has ended (the thread is never abandoned); a cancelled caller sees its
+            # cancellation rather than what the interrupted bridge raised.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            raise
+        return await session.finish()
+
+
+def _decode_without_output(decoder: SupportsChunkedVAEDecode, z: Tensor) -> None:
+    def on_chunk(chunk: Tensor) -> None:
+        raise RuntimeError("a decoder that is not the output rank published a chunk")
+
+    decoder.decode_with_chunks(z, on_chunk=on_chunk)

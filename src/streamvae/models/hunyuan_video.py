@@ -1,0 +1,61 @@
+"""Streaming decode for diffusers' ``AutoencoderKLHunyuanVideo`` (HunyuanVideo).
+
+HunyuanVideo's VAE walks time in overlapping windows ("framewise decoding", on by default): with
+``tile_sample_min_num_frames=16`` and ``tile_sample_stride_num_frames=12`` each window decodes 5 latent
+frames, windows start every 3 latents, and the last 4 frames of a window blend into the first 4 of the next. Every
+window but the first drops its first frame (the decoder treats a window's first latent as an image). Each
+window's kept frames (13, then 12 a window) are final once it is blended, so they are published right away.
+
+Within one decoder call nothing streams: GroupNorm normalizes over all frames of the call. A latent that
+fits in one window (``frames <= tile_sample_min_num_frames // 4``), or any latent with
+``use_framewise_decoding`` off, decodes in one call and is published as one chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import cast
+
+from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import AutoencoderKLHunyuanVideo
+from diffusers.models.autoencoders.vae import DecoderOutput
+from torch import Tensor
+
+from streamvae.models._common import ChunkedDecoder, overlapping_window_chunks
+
+__all__ = ["HunyuanVideoChunkedDecoder"]
+
+
+class HunyuanVideoChunkedDecoder(ChunkedDecoder):
+    """Publishes each window of a HunyuanVideo decode as soon as no later window can change it.
+
+    The concatenated chunks are ``torch.equal`` to ``vae.decode(z).sample`` with the instance's settings:
+    framewise windows, spatial tiling inside each window (``use_tiling``), and ``use_slicing``. Chunks are
+    in [-1, 1] nominally (the decoder does not clamp; the pipelines' post-processing does).
+    """
+
+    vae: AutoencoderKLHunyuanVideo
+    chunk_value_range = (-1.0, 1.0)
+
+    def __init__(self, vae: AutoencoderKLHunyuanVideo) -> None:
+        super().__init__(vae, latent_channels=int(vae.config["latent_channels"]))
+
+    def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+        vae = self.vae
+        min_window_latents = vae.tile_sample_min_num_frames // vae.temporal_compression_ratio
+        if vae.use_framewise_decoding and z.shape[2] > min_window_latents:
+            yield from overlapping_window_chunks(vae, z, self._decode_window)
+        else:
+            yield self._decode_window(z, True)
+
+    def _decode_window(self, z: Tensor, first: bool) -> Tensor:
+        """Decode latent frames ``z`` in one decoder call (spatially tiled if large), as diffusers does."""
+        vae = self.vae
+        tile_latent_min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
+        tile_latent_min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
+        decoded: Tensor
+        if vae.use_tiling and (z.shape[-1] > tile_latent_min_width or z.shape[-2] > tile_latent_min_height):
+            decoded = cast(DecoderOutput, vae.tiled_decode(z, return_dict=True)).sample
+        else:
+            decoded = vae.decoder(vae.post_quant_conv(z))
+        # A later window starts on a latent the previous one also decoded; its image-like first frame goes.
+        return decoded if first else decoded[:, :, 1:]

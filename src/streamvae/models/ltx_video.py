@@ -1,0 +1,82 @@
+"""Streaming decode for diffusers' ``AutoencoderKLLTXVideo`` (LTX-Video) and ``AutoencoderKLLTX2Video``.
+
+The LTX decoders are not causal in time (LTX-Video pads its convolutions on both sides; LTX-2 is causal only
+when configured so) and keep no state between calls, so one decoder call needs all of its latent frames
+before any output frame is known. ``vae.decode`` therefore streams only with temporal tiling on
+(``use_framewise_decoding``, off by default): windows of ``tile_sample_min_num_frames // 8 + 1`` latent
+frames (3 by default) start every ``tile_sample_stride_num_frames // 8`` latents (1), every window but the
+first drops its last frame, and the last ``min - stride`` sample frames (8) of a window blend into the
+first frames of the next. A window's kept frames (9, then 8 a window) are final once it is blended and are
+published right away. With temporal tiling off, the whole decode is one chunk.
+
+Unlike HunyuanVideo, diffusers keeps the first frame of each later LTX window and drops its last, so the
+previous window's blended tail sits one frame later than the head it blends into. Streaming reproduces
+that exactly, as it must to equal ``vae.decode``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Generator
+from typing import Any
+
+from torch import Tensor
+
+from streamvae.models._common import ChunkedDecoder, overlapping_window_chunks
+
+__all__ = ["LTXVideoChunkedDecoder"]
+
+
+class LTXVideoChunkedDecoder(ChunkedDecoder):
+    """Publishes each temporal window of an LTX-Video / LTX-2 decode as soon as no later window can change it.
+
+    ``temb`` (the decode timestep the pipelines pass as ``vae.decode(z, temb)``, for checkpoints with
+    ``timestep_conditioning``) and, for LTX-2, ``causal`` pass through to every decoder call as ``decode``
+    passes them. The concatenated chunks are ``torch.equal`` to ``vae.decode(z, temb).sample`` with the
+    instance's settings (temporal tiling, spatial tiling inside each window). With ``use_slicing`` each
+    entry decodes alone with its own row of ``temb`` (diffusers' own sliced ``decode`` mis-pairs latents and
+    timesteps when ``temb`` is given and fails; the result here equals decoding the entries one by one).
+    Chunks are in [-1, 1] nominally.
+
+    Checkpoints with ``decoder_inject_noise`` draw noise from the global RNG in every decoder call; the
+    result equals ``decode`` from the same RNG state except with ``use_slicing``, where entries interleave.
+    """
+
+    chunk_value_range = (-1.0, 1.0)
+
+    def __init__(self, vae: Any, *, temb: Tensor | None = None, causal: bool | None = None) -> None:
+        super().__init__(vae, latent_channels=int(vae.config["latent_channels"]))
+        self.temb = temb
+        self._decoder_kwargs: dict[str, Any] = {}
+        if "causal" in inspect.signature(vae.decode).parameters:
+            self._decoder_kwargs["causal"] = causal
+        elif causal is not None:
+            raise TypeError(f"{type(vae).__name__}.decode takes no 'causal' argument (LTX-2 only)")
+
+    def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+        vae = self.vae
+        temb = self.temb
+        if temb is not None and temb.ndim > 0 and entries != slice(None):
+            temb = temb[entries]
+
+        def decode_window(latents: Tensor, first: bool) -> Tensor:
+            return self._decode_window(latents, temb, first)
+
+        min_window_latents = vae.tile_sample_min_num_frames // vae.temporal_compression_ratio
+        if vae.use_framewise_decoding and z.shape[2] > min_window_latents:
+            yield from overlapping_window_chunks(vae, z, decode_window)
+        else:
+            yield decode_window(z, True)
+
+    def _decode_window(self, z: Tensor, temb: Tensor | None, first: bool) -> Tensor:
+        """Decode latent frames ``z`` in one decoder call (spatially tiled if large), as diffusers does."""
+        vae = self.vae
+        tile_latent_min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
+        tile_latent_min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
+        decoded: Tensor
+        if vae.use_tiling and (z.shape[-1] > tile_latent_min_width or z.shape[-2] > tile_latent_min_height):
+            decoded = vae.tiled_decode(z, temb, return_dict=True, **self._decoder_kwargs).sample
+        else:
+            decoded = vae.decoder(z, temb, **self._decoder_kwargs)
+        # diffusers drops the last frame of every later window (HunyuanVideo drops the first).
+        return decoded if first else decoded[:, :, :-1]

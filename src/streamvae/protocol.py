@@ -1,0 +1,78 @@
+"""The producer side of streamvae: what a chunked VAE decoder promises, and the failure rule it follows.
+
+A chunked decoder publishes each temporal chunk of its output (BCTHW, in ``chunk_value_range``) as soon as
+no later step can change it. Publishing is the only way frames leave the decoder, so the consumer can start
+quantizing, copying and encoding while later chunks are still being decoded.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+__all__ = ["ChunkPublisher", "SupportsChunkedVAEDecode"]
+
+
+@runtime_checkable
+class SupportsChunkedVAEDecode(Protocol):
+    """A VAE decoder that publishes its output one final temporal chunk at a time.
+
+    All ranks of a distributed decoder call :meth:`decode_with_chunks`; ``on_chunk`` runs only on the rank
+    that owns the output. Each published chunk is a BCTHW tensor whose frames are final: they are never
+    published twice or changed afterwards, and concatenating the chunks along T gives the whole video.
+
+    Failure rule: publishing ends at the first ``on_chunk`` that raises (it is not called again and no chunk
+    is retained); decoding ends as early as the collectives allow — a single-process decode at the next
+    step boundary, a distributed one only after every remaining step, so that no peer is left waiting in a
+    collective — and then the first error is re-raised.
+
+    Optional attributes that :func:`streamvae.decode_to_mp4` uses when present: ``latent_channels`` (int),
+    ``is_output_rank`` (bool, default True), and ``prepare_latents(z) -> Tensor``, which validates a latent
+    and casts it to the decoder's dtype and device.
+    """
+
+    chunk_value_range: tuple[float, float]
+
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None: ...
+
+
+class ChunkPublisher:
+    """Applies the protocol's failure rule around an ``on_chunk`` callback.
+
+    Adapters call :meth:`publish` for every final chunk, stop stepping once :attr:`stopped` is true (a
+    single-process decode) or keep stepping until the end (a distributed one: ``drain=True``), and call
+    :meth:`raise_if_failed` once the decode is over.
+    """
+
+    def __init__(self, on_chunk: Callable[[Tensor], None], *, drain: bool = False) -> None:
+        self._on_chunk = on_chunk
+        self._drain = drain
+        self.error: BaseException | None = None
+        self.published_chunks = 0
+
+    @property
+    def stopped(self) -> bool:
+        """True once publishing failed and the decoder may stop at the next step boundary."""
+        return self.error is not None and not self._drain
+
+    def publish(self, chunk: Tensor) -> None:
+        """Hand ``chunk`` to ``on_chunk``, unless an earlier call failed (then drop it)."""
+        if self.error is not None:
+            return
+        try:
+            self._on_chunk(chunk)
+        except BaseException as error:  # trio's Cancelled and KeyboardInterrupt follow the same rule
+            self.error = error
+        else:
+            self.published_chunks += 1
+
+    def raise_if_failed(self) -> None:
+        """Re-raise the first ``on_chunk`` error, its traceback frames cleared so no chunk stays alive."""
+        error, self.error = self.error, None
+        if error is not None:
+            # Frames in a traceback keep their locals (the chunk among them) alive as long as the error.
+            traceback.clear_frames(error.__traceback__)
+            raise error
