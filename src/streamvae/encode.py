@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Mapping
 from fractions import Fraction
 from pathlib import Path
@@ -26,6 +27,7 @@ __all__ = [
     "as_fps",
     "check_waveform",
     "default_codec_options",
+    "open_containers",
 ]
 
 PixelFormat = Literal["rgb24", "yuv420p"]
@@ -73,6 +75,15 @@ def check_waveform(waveform: object, *, name: str) -> np.ndarray[Any, np.dtype[n
             f"got shape {tuple(waveform.shape)}"
         )
     return np.ascontiguousarray(waveform, dtype=np.float32)
+
+
+_open_containers = 0
+_open_containers_lock = threading.Lock()
+
+
+def open_containers() -> int:
+    """MP4 containers open in this process right now (a leak check for tests and servers)."""
+    return _open_containers
 
 
 class _ByteCollector:
@@ -152,7 +163,10 @@ class EntryEncoder:
             io_open = self._faststart_io_open
         if self.file is not None:
             self._file_handle = self.file.open("wb")
+        global _open_containers
         self._container = av.open(target, mode="w", format="mp4", options=container_options, io_open=io_open)
+        with _open_containers_lock:
+            _open_containers += 1
         video = self._container.add_stream(self.video_codec, rate=self.fps, options=self.codec_options)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         video.codec_context.time_base = 1 / self.fps
@@ -283,9 +297,12 @@ class EntryEncoder:
         self._close_file()
 
     def _close_container(self) -> None:
+        global _open_containers
         self._closed = True
         container, self._container = self._container, None
         if container is not None:
+            with _open_containers_lock:
+                _open_containers -= 1
             container.close()
 
     def _close_file(self) -> None:

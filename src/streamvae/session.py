@@ -238,7 +238,9 @@ class ChunkedVideoMP4Session:
             self._abort(None)
         self._state = "closed"
         # The task group only runs the supervisor, which never raises: this waits for every stage to end.
-        await self._task_group.__aexit__(exc_type, exc, tb)
+        # The body's own exception is not handed to it (anyio would wrap it in a group): it propagates
+        # unchanged when this method returns.
+        await self._task_group.__aexit__(None, None, None)
         if exc is None and self._errors and not self._error_delivered:
             self._raise_errors()
 

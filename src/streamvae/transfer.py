@@ -85,6 +85,7 @@ class ChunkLease:
         self._source: Tensor | None = None
         self._copy_done: Any = None  # torch.cuda.Event of a pending CUDA copy
         self._landed = False
+        self._discarded = False
         self.shape = tuple(shape)
         self.nbytes = math.prod(shape)
 
@@ -138,7 +139,12 @@ class ChunkLease:
         return self.host
 
     def release(self) -> None:
-        """One reader is done with the buffer; the last release returns the slot to the ring."""
+        """One reader is done with the buffer; the last release returns the slot to the ring.
+
+        After :meth:`discard` (or the ring's abort) it does nothing: the readers were already given back.
+        """
+        if self._discarded:
+            return
         if self._readers <= 0:
             raise RuntimeError("ChunkLease released more times than it has readers")
         self._readers -= 1
@@ -147,6 +153,7 @@ class ChunkLease:
 
     def discard(self) -> None:
         """Release every remaining reader (teardown of a chunk nobody will read)."""
+        self._discarded = True
         if self._readers > 0:
             self._readers = 0
             if self._ring is not None:

@@ -1,0 +1,93 @@
+"""Test media: smooth synthetic clips, and reading back the MP4s streamvae writes (with PyAV)."""
+
+from __future__ import annotations
+
+import io
+import math
+import threading
+from dataclasses import dataclass
+from fractions import Fraction
+
+import av
+import numpy as np
+import torch
+
+
+def moving_pattern(
+    start: int, frames: int, *, batch: int = 1, height: int = 64, width: int = 96
+) -> torch.Tensor:
+    """A smooth moving colour pattern in [-1, 1], BCTHW float32; entry b is shifted so entries differ."""
+    t = torch.arange(start, start + frames, dtype=torch.float32)[None, :, None, None]
+    b = torch.arange(batch, dtype=torch.float32)[:, None, None, None]
+    y = torch.linspace(-1, 1, height)[None, None, :, None]
+    x = torch.linspace(-1, 1, width)[None, None, None, :]
+    red = 0.8 * torch.sin(1.5 * x + 0.2 * t + 0.5 * y + b)
+    green = 0.8 * torch.cos(1.2 * y - 0.1 * t + 0.4 * x - b)
+    blue = 0.8 * torch.sin(1.5 * x * y + 0.05 * t + 0.3 * b)
+    return torch.stack([red, green, blue], dim=1).contiguous()
+
+
+def wan_like_chunks(latent_frames: int, **kwargs: int) -> list[torch.Tensor]:
+    """Chunks the way a causal video VAE publishes them: 1 frame, then 4 per latent frame."""
+    chunks, start = [], 0
+    for i in range(latent_frames):
+        n = 1 if i == 0 else 4
+        chunks.append(moving_pattern(start, n, **kwargs))
+        start += n
+    return chunks
+
+
+def to_rgb_uint8(video: torch.Tensor) -> np.ndarray:
+    """BCTHW in [-1, 1] → [B, T, H, W, 3] uint8, the reference for pixel checks."""
+    x = ((video.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return x.permute(0, 2, 3, 4, 1).numpy()
+
+
+@dataclass
+class DecodedMP4:
+    frames: np.ndarray  # [T, H, W, 3] uint8
+    fps: Fraction
+    video_start: float
+    video_duration: float
+    audio_start: float | None
+    audio_duration: float | None
+    audio_channels: int | None
+    colorspace: int
+
+
+def read_mp4(data: bytes) -> DecodedMP4:
+    with av.open(io.BytesIO(data)) as container:
+        video = container.streams.video[0]
+        audio = container.streams.audio[0] if container.streams.audio else None
+        fps = video.average_rate
+        assert video.time_base is not None and video.duration is not None
+        v_start = float((video.start_time or 0) * video.time_base)
+        v_duration = float(video.duration * video.time_base)
+        a_start = a_duration = None
+        channels = None
+        if audio is not None:
+            assert audio.time_base is not None and audio.duration is not None
+            a_start = float((audio.start_time or 0) * audio.time_base)
+            a_duration = float(audio.duration * audio.time_base)
+            channels = audio.codec_context.channels
+        colorspace = video.codec_context.colorspace
+        frames = np.stack(
+            [f.to_ndarray(format="rgb24", src_colorspace="ITU709") for f in container.decode(video=0)]
+        )
+    return DecodedMP4(frames, Fraction(fps), v_start, v_duration, a_start, a_duration, channels, colorspace)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
+
+
+def foreign_threads() -> set[str]:
+    """Names of live threads that are not the main thread or an idle pool worker of anyio / trio."""
+    return {
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread()
+        and not t.name.startswith(("AnyIO worker thread", "Trio thread"))
+        and not t.name.startswith("asyncio_")
+    }

@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import anyio
+import pytest
+import torch
+
+from streamvae import ChunkTransferStats, PinnedChunkRing, RingAbortedError
+
+pytestmark = pytest.mark.anyio
+
+
+def frames(value: int, count: int = 2) -> torch.Tensor:
+    return torch.full((1, count, 4, 6, 3), value, dtype=torch.uint8)
+
+
+async def test_transfer_copies_the_frames_into_a_host_slot() -> None:
+    ring = PinnedChunkRing(2, "cpu")
+    source = frames(7)
+    lease = await ring.transfer(source, readers=1)
+    host = await lease.wait_landed()
+    assert torch.equal(host, source) and host.data_ptr() != source.data_ptr()
+    assert ring.slots_in_use == 1
+    lease.release()
+    assert ring.slots_in_use == 0
+
+
+async def test_slot_returns_only_after_its_last_reader() -> None:
+    ring = PinnedChunkRing(1, "cpu")
+    lease = await ring.transfer(frames(1), readers=3)
+    await lease.wait_landed()
+    lease.release()
+    lease.release()
+    assert ring.slots_in_use == 1 and lease.readers == 1
+    lease.release()
+    assert ring.slots_in_use == 0
+    with pytest.raises(RuntimeError, match="more times"):
+        lease.release()
+
+
+async def test_transfer_waits_for_a_free_slot_instead_of_growing_the_pool() -> None:
+    ring = PinnedChunkRing(2, "cpu")
+    held = [await ring.transfer(frames(i), readers=1) for i in range(2)]
+    third_started, third_done = anyio.Event(), anyio.Event()
+    result: list[torch.Tensor] = []
+
+    async def third() -> None:
+        third_started.set()
+        lease = await ring.transfer(frames(9), readers=1)
+        result.append(await lease.wait_landed())
+        third_done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(third)
+        await third_started.wait()
+        for _ in range(5):
+            await anyio.lowlevel.checkpoint()
+        assert not third_done.is_set() and ring.slots_in_use == 2
+        await held[0].wait_landed()
+        held[0].release()
+        await third_done.wait()
+    assert ring.slots_in_use == 2 and int(result[0][0, 0, 0, 0, 0]) == 9
+    stats = ring.stats()
+    assert stats.transfers == 3 and stats.peak_slots_in_use == 2
+    assert stats.slot_wait_seconds > 0
+
+
+async def test_slots_are_reused_not_reallocated_for_same_sized_chunks() -> None:
+    ring = PinnedChunkRing(1, "cpu")
+    pointers = set()
+    for i in range(4):
+        lease = await ring.transfer(frames(i), readers=1)
+        pointers.add((await lease.wait_landed()).data_ptr())
+        lease.release()
+    assert len(pointers) == 1
+
+
+async def test_abort_wakes_a_waiting_transfer_with_the_given_error() -> None:
+    ring = PinnedChunkRing(1, "cpu")
+    await ring.transfer(frames(0), readers=1)
+    waiting = anyio.Event()
+    caught: list[BaseException] = []
+
+    async def blocked() -> None:
+        waiting.set()
+        try:
+            await ring.transfer(frames(1), readers=1)
+        except ValueError as error:
+            caught.append(error)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(blocked)
+        await waiting.wait()
+        await anyio.lowlevel.checkpoint()
+        ring.abort(ValueError("encoder died"))
+    assert [str(e) for e in caught] == ["encoder died"]
+    assert ring.slots_in_use == 0
+    with pytest.raises(ValueError, match="encoder died"):
+        await ring.transfer(frames(2), readers=1)
+
+
+async def test_abort_without_an_error_raises_ring_aborted() -> None:
+    ring = PinnedChunkRing(1, "cpu")
+    ring.abort()
+    with pytest.raises(RingAbortedError):
+        await ring.transfer(frames(0), readers=1)
+
+
+async def test_discard_gives_back_every_remaining_reader() -> None:
+    ring = PinnedChunkRing(1, "cpu")
+    lease = await ring.transfer(frames(0), readers=4)
+    lease.release()
+    lease.discard()
+    assert ring.slots_in_use == 0 and lease.readers == 0
+    lease.discard()  # idempotent
+    assert ring.slots_in_use == 0
+
+
+async def test_stats_count_bytes_and_peak_pending_bytes() -> None:
+    ring = PinnedChunkRing(3, "cpu")
+    leases = [await ring.transfer(frames(i, count=1 + i), readers=1) for i in range(3)]
+    sizes = [lease.nbytes for lease in leases]
+    for lease in leases:
+        lease.release()
+    stats = ring.stats()
+    assert isinstance(stats, ChunkTransferStats)
+    assert stats.bytes_transferred == sum(sizes) == stats.peak_pending_bytes
+    assert stats.copy_wait_seconds >= 0
+
+
+async def test_transfer_rejects_bad_arguments() -> None:
+    ring = PinnedChunkRing(1, "cpu")
+    with pytest.raises(ValueError, match="readers"):
+        await ring.transfer(frames(0), readers=0)
+    with pytest.raises(ValueError, match="contiguous uint8"):
+        await ring.transfer(torch.zeros(2, 2), readers=1)
+    with pytest.raises(ValueError, match="contiguous uint8"):
+        await ring.transfer(frames(0).transpose(1, 2), readers=1)
+    assert ring.slots_in_use == 0
+
+
+@pytest.mark.parametrize("depth", [0, -1, 1.5, True])
+def test_ring_depth_must_be_a_positive_int(depth: object) -> None:
+    with pytest.raises(ValueError, match="depth"):
+        PinnedChunkRing(depth, "cpu")  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+async def test_cuda_ring_uses_pinned_slots_and_lands_asynchronous_copies() -> None:
+    ring = PinnedChunkRing(2, "cuda")
+    producer = torch.cuda.Stream()
+    with torch.cuda.stream(producer):
+        source = torch.arange(4 * 1024 * 1024, device="cuda").to(torch.uint8).reshape(4, 1024, 1024)
+    with torch.cuda.stream(producer):
+        lease = await ring.transfer(source, readers=2)
+    host = await lease.wait_landed()
+    assert host.is_pinned() and torch.equal(host, source.cpu())
+    lease.release()
+    lease.release()
+    assert ring.slots_in_use == 0 and ring.stats().transfers == 1
