@@ -7,7 +7,7 @@ host transfer → H.264 encode while later chunks still decode. Runs on asyncio 
 from streamvae.decode import decode_to_mp4
 from streamvae.protocol import ChunkPublisher, SupportsChunkedVAEDecode
 from streamvae.quantize import quantize_chunk, quantize_chunk_yuv420
-from streamvae.session import ChunkedVideoMP4Session, SessionClosedError
+from streamvae.session import ChunkedVideoMP4Session, SessionClosedError, StageSpan
 from streamvae.transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, RingAbortedError
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "PinnedChunkRing",
     "RingAbortedError",
     "SessionClosedError",
+    "StageSpan",
     "SupportsChunkedVAEDecode",
     "decode_to_mp4",
     "quantize_chunk",

@@ -15,7 +15,9 @@ everything; no worker thread, slot or container outlives the block.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -34,7 +36,7 @@ from streamvae.encode import EntryEncoder, OutputKind, PixelFormat, as_fps, chec
 from streamvae.quantize import check_chunk, check_value_range, quantize_chunk, quantize_chunk_yuv420
 from streamvae.transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, host_lease
 
-__all__ = ["ChunkedVideoMP4Session", "SessionClosedError"]
+__all__ = ["ChunkedVideoMP4Session", "SessionClosedError", "StageSpan"]
 
 _CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 
@@ -49,6 +51,16 @@ class _Prepared:
 
     frames: Tensor  # [B, t, ...] uint8, contiguous
     ready: Any  # torch.cuda.Event recorded after quantizing, or None
+
+
+@dataclass(frozen=True)
+class StageSpan:
+    """One piece of work of a stage, in ``time.perf_counter()`` seconds (``record_timeline=True``)."""
+
+    #: "prepare", "transfer", "land" or "encode[<entry>]"
+    stage: str
+    start: float
+    end: float
 
 
 class _EntryOutput:
@@ -93,6 +105,7 @@ class ChunkedVideoMP4Session:
       per keyframe, so the default for it is one keyframe a second.
     - ``output_files``: one path per batch entry to also write each MP4 to.
     - ``queue_depth``: items each inter-stage stream holds before its sender waits.
+    - ``record_timeline``: keep a :class:`StageSpan` per piece of stage work in :attr:`timeline`.
     """
 
     def __init__(
@@ -112,6 +125,7 @@ class ChunkedVideoMP4Session:
         keyframe_interval: int | None = None,
         output_files: Sequence[str | Path] | None = None,
         queue_depth: int = 1,
+        record_timeline: bool = False,
     ) -> None:
         self.value_range = check_value_range(value_range)
         self.fps = as_fps(fps)
@@ -180,6 +194,8 @@ class ChunkedVideoMP4Session:
         self.ring: PinnedChunkRing | None = None
         #: frames (per entry) pushed so far
         self.frames_pushed = 0
+        #: what each stage did when, with ``record_timeline=True`` (for profiling and plots)
+        self.timeline: list[StageSpan] | None = [] if record_timeline else None
 
         self._state: Literal["new", "open", "finishing", "done", "closed"] = "new"
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -420,9 +436,10 @@ class ChunkedVideoMP4Session:
         carry: Tensor | None = None  # quantized frames short of a full group
         with chunks, prepared:
             async for chunk, ready in chunks:
-                groups, carry = await anyio.to_thread.run_sync(
-                    self._quantize_groups, chunk, ready, carry, limiter=limiter
-                )
+                with self._span("prepare"):
+                    groups, carry = await anyio.to_thread.run_sync(
+                        self._quantize_groups, chunk, ready, carry, limiter=limiter
+                    )
                 del chunk
                 for group in groups:
                     await prepared.send(group)
@@ -468,12 +485,13 @@ class ChunkedVideoMP4Session:
         readers = len(self._encoders)
         with prepared, leases:
             async for group in prepared:
-                if self.ring is not None:
-                    lease = await self.ring.transfer(group.frames, readers=readers, ready=group.ready)
-                else:
-                    lease = await anyio.to_thread.run_sync(
-                        partial(host_lease, group.frames, readers=readers), limiter=limiter
-                    )
+                with self._span("transfer"):
+                    if self.ring is not None:
+                        lease = await self.ring.transfer(group.frames, readers=readers, ready=group.ready)
+                    else:
+                        lease = await anyio.to_thread.run_sync(
+                            partial(host_lease, group.frames, readers=readers), limiter=limiter
+                        )
                 del group
                 try:
                     await leases.send(lease)
@@ -490,7 +508,8 @@ class ChunkedVideoMP4Session:
             try:
                 async for lease in leases:
                     try:
-                        await lease.wait_landed()
+                        with self._span("land"):
+                            await lease.wait_landed()
                     except BaseException:
                         lease.discard()
                         raise
@@ -518,14 +537,17 @@ class ChunkedVideoMP4Session:
                 async for lease in leases:
                     try:
                         frames = lease.numpy()[entry]
-                        data = await anyio.to_thread.run_sync(encoder.encode, frames, limiter=limiter)
+                        with self._span(f"encode[{entry}]"):
+                            data = await anyio.to_thread.run_sync(encoder.encode, frames, limiter=limiter)
                         del frames
                     finally:
                         # PyAV has consumed the buffer once encode() returned (the codec copies
                         # frames that do not own their memory), so the slot may be reused.
                         lease.release()
                     await output.write(data)
-                await output.write(await anyio.to_thread.run_sync(encoder.finish, limiter=limiter))
+                with self._span(f"encode[{entry}]"):
+                    data = await anyio.to_thread.run_sync(encoder.finish, limiter=limiter)
+                await output.write(data)
         except Exception as error:
             # Record it before the cleanup below yields: neighbours ending meanwhile must find it.
             self._abort(error)
@@ -533,6 +555,17 @@ class ChunkedVideoMP4Session:
         finally:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(encoder.close, limiter=limiter)
+
+    @contextmanager
+    def _span(self, stage: str) -> Iterator[None]:
+        if self.timeline is None:
+            yield
+            return
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timeline.append(StageSpan(stage, start, time.perf_counter()))
 
     # -- failure --
 
