@@ -91,3 +91,23 @@ def foreign_threads() -> set[str]:
         and not t.name.startswith(("AnyIO worker thread", "Trio thread"))
         and not t.name.startswith("asyncio_")
     }
+
+
+def read_luma(data: bytes) -> np.ndarray:
+    """The Y plane of every frame of an MP4, [T, H, W] uint8."""
+    with av.open(io.BytesIO(data)) as container:
+        frames = [f.to_ndarray(format="yuv420p") for f in container.decode(video=0)]
+    height = frames[0].shape[0] * 2 // 3
+    return np.stack([f[:height] for f in frames])
+
+
+def bt709_luma(rgb: np.ndarray) -> np.ndarray:
+    """[T, H, W, 3] uint8 rgb24 → [T, H, W] limited-range BT.709 luma, as PyAV's swscale converts it."""
+    planes = [
+        av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
+        .reformat(format="yuv420p", dst_colorspace="ITU709", dst_color_range="MPEG")
+        .to_ndarray()
+        for frame in rgb
+    ]
+    height = rgb.shape[1]
+    return np.stack([p[:height] for p in planes])

@@ -4,10 +4,10 @@ A causal VAE publishes each temporal chunk as soon as it is final; streamvae mov
 host transfer → H.264 encode while later chunks still decode. Runs on asyncio and trio (through anyio).
 """
 
-from streamvae.decode import decode_to_mp4
+from streamvae.decode import decode_to_mp4, stream_mp4
 from streamvae.protocol import ChunkPublisher, SupportsChunkedVAEDecode
 from streamvae.quantize import quantize_chunk, quantize_chunk_yuv420
-from streamvae.session import ChunkedVideoMP4Session, SessionClosedError, StageSpan
+from streamvae.session import ChunkedVideoMP4Session, MP4ByteStream, SessionClosedError, StageSpan
 from streamvae.transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, RingAbortedError
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "ChunkPublisher",
     "ChunkTransferStats",
     "ChunkedVideoMP4Session",
+    "MP4ByteStream",
     "PinnedChunkRing",
     "RingAbortedError",
     "SessionClosedError",
@@ -23,6 +24,7 @@ __all__ = [
     "decode_to_mp4",
     "quantize_chunk",
     "quantize_chunk_yuv420",
+    "stream_mp4",
 ]
 
 __version__ = "0.1.0"

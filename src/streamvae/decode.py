@@ -9,7 +9,8 @@ does the caller see the outcome.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -17,9 +18,9 @@ import anyio.lowlevel
 from torch import Tensor
 
 from streamvae.protocol import SupportsChunkedVAEDecode
-from streamvae.session import ChunkedVideoMP4Session
+from streamvae.session import ChunkedVideoMP4Session, MP4ByteStream
 
-__all__ = ["as_chunked_decoder", "decode_to_mp4"]
+__all__ = ["as_chunked_decoder", "decode_to_mp4", "stream_mp4"]
 
 
 class _DecodeAbandoned(Exception):
@@ -87,26 +88,87 @@ async def decode_to_mp4(
     async with session:
         if on_session is not None:
             on_session(session)
-
-        def on_chunk(chunk: Tensor) -> None:
-            try:
-                anyio.from_thread.check_cancelled()
-                session.push_from_thread(chunk)
-            except Exception:
-                raise
-            except BaseException as cancelled:  # trio's Cancelled / asyncio's CancelledError
-                raise _DecodeAbandoned("the caller of decode_to_mp4 was cancelled") from cancelled
-
-        try:
-            await anyio.to_thread.run_sync(
-                lambda: decoder.decode_with_chunks(z, on_chunk=on_chunk), limiter=limiter
-            )
-        except BaseException:
-            # The decode has ended (the thread is never abandoned); a cancelled caller sees its
-            # cancellation rather than what the interrupted bridge raised.
-            await anyio.lowlevel.checkpoint_if_cancelled()
-            raise
+        await _decode_into(decoder, z, session, limiter)
         return await session.finish()
+
+
+@asynccontextmanager
+async def stream_mp4(
+    vae: Any,
+    z: Tensor,
+    *,
+    decode_limiter: anyio.CapacityLimiter | None = None,
+    on_session: Callable[[ChunkedVideoMP4Session], None] | None = None,
+    max_buffered: int = 4,
+    **session_options: Any,
+) -> AsyncIterator[list[MP4ByteStream]]:
+    """Decode ``z`` in the background and give one fragmented-MP4 byte stream per batch entry.
+
+    ``async with stream_mp4(vae, z, fps=16) as (video,): async for data in video: ...`` — bytes leave as
+    soon as each fragment (one a second by default) is written, while the decode goes on. The batch size
+    must be known up front, so it is ``z.shape[0]``. A slow reader backs pressure up into the decode.
+    Leaving the block early (a client that went away) cancels the decode as :func:`decode_to_mp4` does;
+    a decode or encode error is raised by the stream and when the block ends. Not available on ranks that
+    do not own the output (they have nothing to stream: use :func:`decode_to_mp4` there).
+    """
+    decoder = as_chunked_decoder(vae)
+    z = _check_latents(decoder, z)
+    if not getattr(decoder, "is_output_rank", True):
+        raise ValueError("stream_mp4() on a rank that does not own the output: call decode_to_mp4() there")
+    limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
+    session_options.setdefault("value_range", decoder.chunk_value_range)
+    session_options.setdefault("output", "fragmented")
+    session = ChunkedVideoMP4Session(**session_options)
+    streams = [session.open_stream(entry, max_buffered=max_buffered) for entry in range(z.shape[0])]
+    decode_scope = anyio.CancelScope()
+
+    async def run() -> None:
+        with decode_scope:
+            try:
+                await _decode_into(decoder, z, session, limiter)
+                await session.finish()
+            except Exception as error:
+                session._abort(error)  # surfaces through the streams and when the block ends
+
+    async with session:
+        if on_session is not None:
+            on_session(session)
+        # The decode runs as a task of the session itself, so an error reaches the caller unwrapped.
+        session._start_background(run)
+        try:
+            yield streams
+        finally:
+            decode_scope.cancel()  # a no-op once the decode is done; stops it if the caller left early
+            for stream in streams:
+                await stream.aclose()
+
+
+async def _decode_into(
+    decoder: SupportsChunkedVAEDecode,
+    z: Tensor,
+    session: ChunkedVideoMP4Session,
+    limiter: anyio.CapacityLimiter,
+) -> None:
+    """Run the decode in a worker thread, pushing each chunk into ``session`` with backpressure."""
+
+    def on_chunk(chunk: Tensor) -> None:
+        try:
+            anyio.from_thread.check_cancelled()
+            session.push_from_thread(chunk)
+        except Exception:
+            raise
+        except BaseException as cancelled:  # trio's Cancelled / asyncio's CancelledError
+            raise _DecodeAbandoned("the caller of decode_to_mp4 was cancelled") from cancelled
+
+    try:
+        await anyio.to_thread.run_sync(
+            lambda: decoder.decode_with_chunks(z, on_chunk=on_chunk), limiter=limiter
+        )
+    except BaseException:
+        # The decode has ended (the thread is never abandoned); a cancelled caller sees its cancellation
+        # rather than what the interrupted bridge raised.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        raise
 
 
 def _decode_without_output(decoder: SupportsChunkedVAEDecode, z: Tensor) -> None:

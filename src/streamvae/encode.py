@@ -27,6 +27,7 @@ __all__ = [
     "as_fps",
     "check_waveform",
     "default_codec_options",
+    "merge_codec_options",
     "open_containers",
 ]
 
@@ -50,6 +51,20 @@ def default_codec_options(codec: str) -> dict[str, str]:
     if codec not in {"libx264", "libx265"}:
         return {}
     return {"crf": "18", "preset": "veryfast", "threads": str(min(4, os.cpu_count() or 1))}
+
+
+# Options that choose another rate control than the default crf (x264 would let crf win over them).
+_RATE_CONTROL_OPTIONS = {"qp", "b", "bitrate", "cqp"}
+
+
+def merge_codec_options(codec: str, options: Mapping[str, str] | None) -> dict[str, str]:
+    """The user's codec options over :func:`default_codec_options`; the default crf is left out when the
+    user picked another rate control (``qp``, ``b``), which x264 would otherwise ignore in favour of crf."""
+    merged = default_codec_options(codec)
+    options = dict(options or {})
+    if _RATE_CONTROL_OPTIONS & options.keys():
+        merged.pop("crf", None)
+    return {**merged, **options}
 
 
 def as_fps(fps: object) -> Fraction:
@@ -129,7 +144,7 @@ class EntryEncoder:
         self.fps = fps
         self.pixel_format = pixel_format
         self.video_codec = video_codec
-        self.codec_options = {**default_codec_options(video_codec), **(video_codec_options or {})}
+        self.codec_options = merge_codec_options(video_codec, video_codec_options)
         if keyframe_interval is not None:
             self.codec_options.setdefault("g", str(keyframe_interval))
         self.output = output

@@ -16,7 +16,7 @@ everything; no worker thread, slot or container outlives the block.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -29,14 +29,18 @@ import anyio.abc
 import anyio.lowlevel
 import numpy as np
 import torch
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from anyio.streams.memory import (
+    MemoryObjectReceiveStream,
+    MemoryObjectSendStream,
+    MemoryObjectStreamStatistics,
+)
 from torch import Tensor
 
 from streamvae.encode import EntryEncoder, OutputKind, PixelFormat, as_fps, check_waveform
 from streamvae.quantize import check_chunk, check_value_range, quantize_chunk, quantize_chunk_yuv420
 from streamvae.transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, host_lease
 
-__all__ = ["ChunkedVideoMP4Session", "SessionClosedError", "StageSpan"]
+__all__ = ["ChunkedVideoMP4Session", "MP4ByteStream", "SessionClosedError", "StageSpan"]
 
 _CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 
@@ -63,15 +67,70 @@ class StageSpan:
     end: float
 
 
-class _EntryOutput:
-    """Where one entry's MP4 bytes go: kept in memory for ``finish``."""
+class MP4ByteStream:
+    """One entry's MP4 bytes as they are written; iterate it with ``async for``.
 
-    def __init__(self) -> None:
+    The buffer between the encoder and the reader is bounded: a slow reader holds up that entry's encoder,
+    then the ring and finally ``push``. The iteration ends after the last bytes; if the session failed, it
+    raises the session's error instead of ending quietly. Closing the stream (``aclose``) before the end
+    aborts the session — nobody is left to read the entry.
+    """
+
+    def __init__(
+        self, session: ChunkedVideoMP4Session, entry: int, receive: MemoryObjectReceiveStream[bytes]
+    ) -> None:
+        self._session = session
+        self._receive = receive
+        self.entry = entry
+        #: set once the entry's MP4 is complete (every byte has been handed to the stream)
+        self.completed = False
+
+    def __aiter__(self) -> MP4ByteStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self._receive.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            if self.completed:
+                raise StopAsyncIteration from None
+            self._session._raise_if_failed()
+            raise SessionClosedError(
+                f"the session was aborted before entry {self.entry}'s MP4 was complete"
+            ) from None
+
+    def statistics(self) -> MemoryObjectStreamStatistics:
+        """The bounded buffer's statistics (``current_buffer_used``, ``max_buffer_size``, ...)."""
+        return self._receive.statistics()
+
+    async def aclose(self) -> None:
+        self._receive.close()
+
+
+class _EntryOutput:
+    """Where one entry's MP4 bytes go: kept in memory for ``finish``, or sent to an :class:`MP4ByteStream`."""
+
+    def __init__(self, entry: int, stream: MemoryObjectSendStream[bytes] | None = None) -> None:
+        self.entry = entry
         self.parts: list[bytes] = []
+        self.stream = stream
 
     async def write(self, data: bytes) -> None:
-        if data:
+        if not data:
+            return
+        if self.stream is None:
             self.parts.append(data)
+            return
+        try:
+            await self.stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise SessionClosedError(
+                f"the reader of entry {self.entry}'s stream closed it before the MP4 was complete"
+            ) from None
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
 
     def getvalue(self) -> bytes:
         return b"".join(self.parts)
@@ -208,6 +267,8 @@ class ChunkedVideoMP4Session:
         self._device: torch.device | None = None
         self._encoders: list[EntryEncoder] = []
         self._outputs: list[_EntryOutput] = []
+        self._streams: dict[int, MemoryObjectSendStream[bytes]] = {}
+        self._byte_streams: dict[int, MP4ByteStream] = {}
         self._chunks_send: MemoryObjectSendStream[tuple[Tensor, Any]] | None = None
 
     # -- public counters --
@@ -293,6 +354,31 @@ class ChunkedVideoMP4Session:
         self._state = "done"
         return [output.getvalue() for output in self._outputs]
 
+    def open_stream(self, entry: int = 0, *, max_buffered: int = 4) -> MP4ByteStream:
+        """Deliver entry ``entry``'s MP4 bytes as they are written, instead of keeping them for ``finish``.
+
+        Call it before the first push. Use ``output="fragmented"`` to get bytes while chunks are still
+        being pushed (a plain MP4 is only complete, and so only delivered, at the end). ``max_buffered``
+        pieces (each what one transfer's encode wrote) wait for the reader before the encoder does.
+        ``finish`` returns ``b""`` for a streamed entry: its bytes went to the stream.
+        """
+        _check_int("entry", entry, minimum=0)
+        _check_int("max_buffered", max_buffered, minimum=1)
+        if self._shape is not None or self._state not in ("new", "open"):
+            raise SessionClosedError("open_stream() must be called before the first push")
+        if entry in self._streams:
+            raise ValueError(f"entry {entry} already has a stream")
+        send, receive = anyio.create_memory_object_stream[bytes](max_buffered)
+        self._streams[entry] = send
+        stream = self._byte_streams[entry] = MP4ByteStream(self, entry, receive)
+        return stream
+
+    def _start_background(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``work`` as a task of the session; it must not raise (record errors with ``_abort``)."""
+        if self._task_group is None or self._state != "open":
+            raise SessionClosedError("the session is not open")
+        self._task_group.start_soon(work)
+
     # -- push side --
 
     def _record_ready(self, chunk: Tensor) -> Any:
@@ -338,6 +424,10 @@ class ChunkedVideoMP4Session:
             raise ValueError(
                 f"audio_waveforms has {len(self._waveforms)} entries but the chunks have batch size {batch}"
             )
+        if any(entry >= batch for entry in self._streams):
+            raise ValueError(
+                f"open_stream() was called for entry {max(self._streams)}, but the batch size is {batch}"
+            )
         if self.output_files is not None and len(self.output_files) != batch:
             raise ValueError(
                 f"output_files has {len(self.output_files)} paths but the chunks have batch size {batch}"
@@ -379,7 +469,7 @@ class ChunkedVideoMP4Session:
                     file=None if self.output_files is None else self.output_files[entry],
                 )
             )
-            self._outputs.append(_EntryOutput())
+            self._outputs.append(_EntryOutput(entry, self._streams.pop(entry, None)))
         self._chunks_send, chunks_receive = anyio.create_memory_object_stream[tuple[Tensor, Any]](
             self.queue_depth
         )
@@ -548,11 +638,14 @@ class ChunkedVideoMP4Session:
                 with self._span(f"encode[{entry}]"):
                     data = await anyio.to_thread.run_sync(encoder.finish, limiter=limiter)
                 await output.write(data)
+                if entry in self._byte_streams:
+                    self._byte_streams[entry].completed = True
         except Exception as error:
             # Record it before the cleanup below yields: neighbours ending meanwhile must find it.
             self._abort(error)
             raise
         finally:
+            output.close()
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(encoder.close, limiter=limiter)
 
