@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import DOCS, write_section  # noqa: E402
+from _report import DOCS, write_section
 
-from streamvae import ChunkedVideoMP4Session, quantize_chunk, quantize_chunk_yuv420  # noqa: E402
-from streamvae.encode import EntryEncoder, as_fps  # noqa: E402
+from streamvae import ChunkedVideoMP4Session, quantize_chunk, quantize_chunk_yuv420
+from streamvae.encode import EntryEncoder, as_fps
 
 HEIGHT, WIDTH, FPS = 480, 832, 16
 CODEC = {"crf": "18", "preset": "veryfast", "threads": "2"}
@@ -177,7 +176,7 @@ def plot_timeline(result: dict[str, Any], path: Path) -> None:
         rows.setdefault(stage, []).append((start, end))
     fig, ax = plt.subplots(figsize=(11, 3.2))
     colours = ["#888888", "#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974"]
-    for row, (name, spans) in enumerate(rows.items()):
+    for row, (_name, spans) in enumerate(rows.items()):
         ax.broken_barh([(a, b - a) for a, b in spans], (row - 0.4, 0.8), color=colours[row % len(colours)])
     ax.set_yticks(range(len(rows)), list(rows))
     ax.invert_yaxis()
@@ -207,7 +206,10 @@ def main() -> None:
     encode_total = sequential_encode_seconds(sources, sizes)
     cost = encode_total / len(sizes)
     producer_total = cost * len(sizes)
-    print(f"encode (prepare included): {encode_total:.2f} s → producer cost {cost * 1000:.1f} ms/chunk", flush=True)
+    print(
+        f"encode (prepare included): {encode_total:.2f} s → producer cost {cost * 1000:.1f} ms/chunk",
+        flush=True,
+    )
 
     stream = anyio.run(streamed, sources, sizes, cost)
     seq = sequential(sources, sizes, cost)

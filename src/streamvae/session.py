@@ -580,7 +580,8 @@ class ChunkedVideoMP4Session:
                         lease = await self.ring.transfer(group.frames, readers=readers, ready=group.ready)
                     else:
                         lease = await anyio.to_thread.run_sync(
-                            partial(host_lease, group.frames, readers=readers), limiter=limiter
+                            partial(host_lease, group.frames, readers=readers, ready=group.ready),
+                            limiter=limiter,
                         )
                 del group
                 try:

@@ -160,11 +160,14 @@ class ChunkLease:
                 self._ring._return(self)
 
 
-def host_lease(frames: Tensor, *, readers: int) -> ChunkLease:
+def host_lease(frames: Tensor, *, readers: int, ready: Any = None) -> ChunkLease:
     """A landed lease over ``frames`` copied to host memory, outside any ring (the blocking path).
 
-    Call it from a worker thread: copying a CUDA tensor to the host blocks until the device is done.
+    Call it from a worker thread: copying a CUDA tensor to the host blocks until the device is done. The
+    copy waits for ``ready`` (a ``torch.cuda.Event``) when given.
     """
+    if ready is not None:
+        torch.cuda.current_stream(frames.device).wait_event(ready)
     lease = ChunkLease(None, None, frames.shape, readers)
     lease._host = frames.detach().to("cpu").contiguous()
     lease._mark_landed()

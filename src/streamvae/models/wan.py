@@ -1,10 +1,10 @@
-"""Streaming decode for diffusers' Wan-family VAEs: ``AutoencoderKLWan`` (Wan 2.1 and 2.2) and
-``AutoencoderKLQwenImage``.
+"""Streaming decode for diffusers' Wan-family VAEs: Wan 2.1, Wan 2.2 and Qwen-Image.
 
-These decoders are causal in time: ``vae.decode`` runs the decoder once per latent frame, carrying a cache of
-the last two frames of every causal convolution from one call to the next, and nothing later changes a frame
-once it has come out. The first latent frame gives 1 video frame, every later one 4 (1 + 4(T−1) in all). So
-each latent frame's output can be published as soon as it is decoded.
+The decoders of ``AutoencoderKLWan`` and ``AutoencoderKLQwenImage`` are causal in time: ``vae.decode`` runs
+the decoder once per latent frame, carrying a cache of the last two frames of every causal convolution from
+one call to the next, and nothing later changes a frame once it has come out. The first latent frame gives 1
+video frame, every later one 4 (1 + 4(T−1) in all). So each latent frame's output can be published as soon
+as it is decoded.
 
 :class:`WanChunkedDecoder` runs exactly the operations of ``vae.decode`` in the same order, per latent frame,
 and publishes each latent frame's frames as one chunk: concatenated, the chunks are ``torch.equal`` to
@@ -41,7 +41,7 @@ def _execution_device(vae: WanFamilyVAE) -> torch.device:
     """The device ``vae.decode`` needs its input on (the offload hook's device when weights are offloaded)."""
     try:
         from diffusers.utils.torch_utils import get_module_execution_device
-    except ImportError:  # diffusers < 0.37: the accelerate hook is the only offload to look through
+    except ImportError:  # older diffusers: look for an accelerate offload hook, as that helper does
         for module in vae.modules():
             device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
             if device is not None:
@@ -186,7 +186,7 @@ class WanChunkedDecoder:
         the decoder caches at once. No chunk is retained by the iterator after it is yielded.
         """
         _check_latents(z, self.latent_channels, "z")
-        # The same test and call as diffusers' apply_forward_hook around vae.decode (it never calls post_forward).
+        # What diffusers' apply_forward_hook does around vae.decode (it never calls post_forward).
         hook = getattr(self.vae, "_hf_hook", None)
         if hook is not None and hasattr(hook, "pre_forward"):
             hook.pre_forward(self.vae)
@@ -198,12 +198,9 @@ class WanChunkedDecoder:
         # vae.decode splits the batch into entries under use_slicing; each entry decodes on its own.
         batch = z.shape[0]
         slices = [z[b : b + 1] for b in range(batch)] if vae.use_slicing and batch > 1 else [z]
-        with torch.no_grad():
-            lanes = [self._start_lane(z_slice, grid) for z_slice in slices]
+        lanes = [self._start_lane(z_slice, grid) for z_slice in slices]
         for k in range(z.shape[2]):
-            # no_grad per step, never across a yield: grad mode is thread state the consumer would inherit.
-            with torch.no_grad():
-                yield self._decode_latent_frame(lanes, grid, k)
+            yield self._decode_latent_frame(lanes, grid, k)
 
     def _uses_tiling(self, z: Tensor) -> bool:
         """The condition under which ``vae.decode`` (its ``_decode``) switches to ``tiled_decode``."""
@@ -236,14 +233,21 @@ class WanChunkedDecoder:
             sample_width=width * ratio // patch,
         )
 
+    # no_grad on each step, never across a yield: grad mode is thread state the consumer would inherit.
+    @torch.no_grad()
     def _start_lane(self, z_slice: Tensor, grid: _TileGrid | None) -> _Lane:
-        # One slot per causal conv: the size of the module's own cache (clear_cache counts the same way).
-        cache_size = sum(isinstance(m, _CAUSAL_CONVS) for m in self.vae.decoder.modules())
+        # The size of the module's own cache (clear_cache): one slot per causal conv of the decoder.
+        counts = getattr(self.vae, "_cached_conv_counts", None)
+        if counts is not None:
+            cache_size = int(counts["decoder"])
+        else:
+            cache_size = sum(isinstance(m, _CAUSAL_CONVS) for m in self.vae.decoder.modules())
         if grid is None:
             return _Lane(latent=self.vae.post_quant_conv(z_slice), caches=[[None] * cache_size])
         tiles = len(grid.row_starts) * len(grid.col_starts)
         return _Lane(latent=z_slice, caches=[[None] * cache_size for _ in range(tiles)])
 
+    @torch.no_grad()
     def _decode_latent_frame(self, lanes: list[_Lane], grid: _TileGrid | None, k: int) -> Tensor:
         """Decode latent frame ``k`` of every lane; one BCTHW chunk for the whole batch."""
         outputs = [self._decode_lane_frame(lane, grid, k) for lane in lanes]

@@ -1,0 +1,442 @@
+"""WanChunkedDecoder: the streamed decode of AutoencoderKLWan (2.1, 2.2) and AutoencoderKLQwenImage.
+
+The reference for every exactness test is diffusers' own ``vae.decode`` (or ``tiled_decode``) on the same
+instance with the same settings, compared with ``torch.equal`` on CPU float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import re
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import accelerate
+import pytest
+import torch
+from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
+from accelerate.hooks import ModelHook, add_hook_to_module
+from diffusers import AutoencoderKLWan
+from torch import Tensor, nn
+
+from streamvae.models import chunked_decoder
+from streamvae.models.wan import WanChunkedDecoder, denormalize_wan_latents
+from streamvae.protocol import SupportsChunkedVAEDecode
+
+FAMILIES: dict[str, Callable[[], nn.Module]] = {
+    "wan21": tiny_wan21,
+    "wan22": tiny_wan22,
+    "qwen_image": tiny_qwen_image,
+}
+
+
+@dataclass
+class Streamed:
+    """One streamed decode of a family's latent, next to diffusers' ``vae.decode`` of the same latent."""
+
+    vae: Any
+    z: Tensor
+    reference: Tensor  # vae.decode(z).sample
+    chunks: list[Tensor]
+    decoder_calls: int
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def streamed(request: pytest.FixtureRequest) -> Streamed:
+    vae = FAMILIES[request.param]()
+    z = latent(vae, h=4, w=4)
+    with counting_decoder_calls(vae) as calls:
+        chunks = collect(WanChunkedDecoder(vae), z)
+    return Streamed(vae, z, reference_decode(vae, z), chunks, calls[0])
+
+
+@pytest.fixture(scope="module")
+def wan21() -> tuple[Any, Tensor, Tensor]:
+    vae = tiny_wan21()
+    z = latent(vae, h=4, w=4)
+    return vae, z, reference_decode(vae, z)
+
+
+def reference_decode(vae: Any, z: Tensor) -> Tensor:
+    with torch.no_grad():
+        out: Tensor = vae.decode(z).sample
+    return out
+
+
+def collect(decoder: WanChunkedDecoder, z: Tensor) -> list[Tensor]:
+    chunks: list[Tensor] = []
+    decoder.decode_with_chunks(z, on_chunk=chunks.append)
+    return chunks
+
+
+@contextlib.contextmanager
+def counting_decoder_calls(vae: Any) -> Iterator[list[int]]:
+    """Count calls of ``vae.decoder`` (one per latent frame and tile) while the block runs."""
+    calls = [0]
+
+    def count(module: nn.Module, args: tuple[Any, ...]) -> None:
+        calls[0] += 1
+
+    handle = vae.decoder.register_forward_pre_hook(count)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+class CountingHook(ModelHook):  # type: ignore[misc]
+    """An accelerate hook that only counts ``pre_forward`` calls."""
+
+    def __init__(self) -> None:
+        self.pre_forward_calls = 0
+
+    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        self.pre_forward_calls += 1
+        return args, kwargs
+
+
+def enable_small_tiling(vae: Any) -> None:
+    """Tiles of 4×4 latents every 3 latents: a 6×7 latent decodes as 2×3 tiles with 8-pixel blends."""
+    ratio = vae.spatial_compression_ratio
+    vae.enable_tiling(
+        tile_sample_min_height=4 * ratio,
+        tile_sample_min_width=4 * ratio,
+        tile_sample_stride_height=3 * ratio,
+        tile_sample_stride_width=3 * ratio,
+    )
+
+
+# Exactness and chunk layout
+
+
+def test_chunks_concatenate_to_exactly_vae_decode(streamed: Streamed) -> None:
+    assert torch.equal(torch.cat(streamed.chunks, dim=2), streamed.reference)
+
+
+def test_one_chunk_per_latent_frame_first_one_frame_then_four(streamed: Streamed) -> None:
+    assert [chunk.shape[2] for chunk in streamed.chunks] == [1, 4, 4, 4, 4]
+    b, c, _, h, w = streamed.reference.shape
+    for chunk in streamed.chunks:
+        assert (chunk.shape[:2], chunk.shape[3:]) == ((b, c), (h, w))
+        assert chunk.min() >= -1.0 and chunk.max() <= 1.0
+
+
+def test_decode_runs_one_decoder_step_per_latent_frame(streamed: Streamed) -> None:
+    assert streamed.decoder_calls == streamed.z.shape[2]
+
+
+def test_slicing_decodes_each_entry_alone_and_publishes_whole_batch_chunks() -> None:
+    vae = tiny_wan22()
+    vae.enable_slicing()
+    z = latent(vae, batch=2, frames=3, h=4, w=4)
+    reference = reference_decode(vae, z)
+    with counting_decoder_calls(vae) as calls:
+        chunks = collect(WanChunkedDecoder(vae), z)
+    assert calls[0] == 2 * 3  # each entry runs its own decoder step per latent frame
+    assert [chunk.shape[0] for chunk in chunks] == [2, 2, 2]
+    assert torch.equal(torch.cat(chunks, dim=2), reference)
+
+
+@pytest.mark.parametrize("make_vae", [tiny_wan21, tiny_wan22], ids=["wan21", "wan22"])
+def test_tiling_equals_tiled_decode(make_vae: Callable[[], Any]) -> None:
+    vae = make_vae()
+    enable_small_tiling(vae)
+    z = latent(vae, frames=3, h=6, w=7)
+    with torch.no_grad():
+        reference = vae.tiled_decode(z).sample
+    with counting_decoder_calls(vae) as calls:
+        chunks = collect(WanChunkedDecoder(vae), z)
+    assert calls[0] == 2 * 3 * 3  # 2×3 tiles, each stepped once per latent frame
+    assert [chunk.shape[2] for chunk in chunks] == [1, 4, 4]
+    assert torch.equal(torch.cat(chunks, dim=2), reference)
+
+
+def test_qwen_image_tiling_equals_tiled_decode_clamped_into_the_value_range() -> None:
+    vae = tiny_qwen_image()
+    enable_small_tiling(vae)
+    z = latent(vae, frames=3, h=6, w=7)
+    with torch.no_grad():
+        reference = vae.tiled_decode(z).sample
+    assert reference.abs().max() > 1.0  # diffusers' Qwen-Image tiled_decode does not clamp
+    chunks = collect(WanChunkedDecoder(vae), z)
+    assert torch.equal(torch.cat(chunks, dim=2), reference.clamp(-1.0, 1.0))
+
+
+def test_tiling_with_slicing_equals_vae_decode() -> None:
+    vae = tiny_wan21()
+    enable_small_tiling(vae)
+    vae.enable_slicing()
+    z = latent(vae, batch=2, frames=2, h=6, w=4)  # 2×1 tiles per entry
+    chunks = collect(WanChunkedDecoder(vae), z)
+    assert torch.equal(torch.cat(chunks, dim=2), reference_decode(vae, z))  # decode takes the tiled path
+
+
+def test_tiling_is_skipped_for_a_latent_within_one_tile_as_decode_does() -> None:
+    vae = tiny_wan21()
+    enable_small_tiling(vae)
+    z = latent(vae, frames=3, h=4, w=4)
+    with counting_decoder_calls(vae) as calls:
+        chunks = collect(WanChunkedDecoder(vae), z)
+    assert calls[0] == 3
+    assert torch.equal(torch.cat(chunks, dim=2), reference_decode(vae, z))
+
+
+def test_bfloat16_vae_decodes_exactly_like_vae_decode() -> None:
+    vae = tiny_wan21().to(torch.bfloat16)
+    decoder = WanChunkedDecoder(vae)
+    z = decoder.prepare_latents(latent(tiny_wan21(), h=4, w=4))
+    assert z.dtype == torch.bfloat16
+    chunks = collect(decoder, z)
+    assert chunks[0].dtype == torch.bfloat16
+    assert torch.equal(torch.cat(chunks, dim=2), reference_decode(vae, z))
+
+
+def test_chunks_carry_no_autograd_graph_and_on_chunk_keeps_the_callers_grad_mode(
+    wan21: tuple[Any, Tensor, Tensor],
+) -> None:
+    vae, z, _ = wan21
+    grad_modes: list[bool] = []
+
+    def on_chunk(chunk: Tensor) -> None:
+        grad_modes.append(torch.is_grad_enabled())
+        assert not chunk.requires_grad
+
+    with torch.enable_grad():
+        WanChunkedDecoder(vae).decode_with_chunks(z, on_chunk=on_chunk)
+    assert grad_modes == [True] * z.shape[2]
+
+
+# Forward hooks and offloading
+
+
+def test_forward_hook_runs_once_per_decode_like_vae_decode() -> None:
+    vae = tiny_wan21()
+    vae.enable_slicing()
+    hook = CountingHook()
+    add_hook_to_module(vae, hook)
+    z = latent(vae, batch=2, frames=2, h=4, w=4)
+    reference_decode(vae, z)
+    assert hook.pre_forward_calls == 1
+    decoder = WanChunkedDecoder(vae)
+    collect(decoder, z)
+    assert hook.pre_forward_calls == 2
+    collect(decoder, z)
+    assert hook.pre_forward_calls == 3
+
+
+def test_decode_under_accelerate_cpu_offload_equals_reference(wan21: tuple[Any, Tensor, Tensor]) -> None:
+    _, z, reference = wan21
+    vae = tiny_wan21()  # same weights as the fixture's
+    accelerate.cpu_offload(vae, execution_device=torch.device("cpu"))
+    assert next(vae.parameters()).device.type == "meta"  # weights arrive only through the hooks
+    decoder = WanChunkedDecoder(vae)
+    prepared = decoder.prepare_latents(z)
+    assert prepared.device.type == "cpu"
+    assert torch.equal(torch.cat(collect(decoder, prepared), dim=2), reference)
+
+
+# Failure rule
+
+
+class Interrupted(BaseException):
+    """Stands in for trio's Cancelled or KeyboardInterrupt: not an Exception."""
+
+
+@pytest.mark.parametrize("error_type", [RuntimeError, Interrupted])
+def test_failing_on_chunk_is_not_called_again_and_decoding_stops_at_the_next_latent_frame(
+    wan21: tuple[Any, Tensor, Tensor], error_type: type[BaseException]
+) -> None:
+    vae, z, _ = wan21
+    error = error_type("sink closed")
+    published: list[weakref.ref[Tensor]] = []
+
+    def on_chunk(chunk: Tensor) -> None:
+        published.append(weakref.ref(chunk))
+        if len(published) == 2:
+            raise error
+
+    with counting_decoder_calls(vae) as calls, pytest.raises(error_type) as raised:
+        WanChunkedDecoder(vae).decode_with_chunks(z, on_chunk=on_chunk)
+    assert raised.value is error
+    assert len(published) == 2
+    assert calls[0] == 2  # of 5 latent frames
+    gc.collect()
+    assert [ref() for ref in published] == [None, None]  # while the error and its traceback are still alive
+
+
+def test_on_chunk_failing_on_the_first_chunk_stops_after_one_decoder_step(
+    wan21: tuple[Any, Tensor, Tensor],
+) -> None:
+    vae, z, _ = wan21
+
+    def on_chunk(chunk: Tensor) -> None:
+        raise ValueError("no")
+
+    with counting_decoder_calls(vae) as calls, pytest.raises(ValueError, match="no"):
+        WanChunkedDecoder(vae).decode_with_chunks(z, on_chunk=on_chunk)
+    assert calls[0] == 1
+
+
+def test_drain_runs_every_step_after_a_failure_without_publishing(wan21: tuple[Any, Tensor, Tensor]) -> None:
+    vae, z, _ = wan21
+    published: list[weakref.ref[Tensor]] = []
+
+    def on_chunk(chunk: Tensor) -> None:
+        published.append(weakref.ref(chunk))
+        raise RuntimeError("first")
+
+    with counting_decoder_calls(vae) as calls, pytest.raises(RuntimeError, match="first"):
+        WanChunkedDecoder(vae, drain=True).decode_with_chunks(z, on_chunk=on_chunk)
+    assert calls[0] == z.shape[2]
+    assert len(published) == 1
+    gc.collect()
+    assert published[0]() is None
+
+
+def test_decode_after_a_failed_decode_equals_reference(wan21: tuple[Any, Tensor, Tensor]) -> None:
+    vae, z, reference = wan21
+    decoder = WanChunkedDecoder(vae)
+
+    def on_chunk(chunk: Tensor) -> None:
+        raise RuntimeError("consumer gone")
+
+    with pytest.raises(RuntimeError):
+        decoder.decode_with_chunks(z, on_chunk=on_chunk)
+    assert torch.equal(torch.cat(collect(decoder, z), dim=2), reference)
+
+
+def test_two_adapters_over_one_module_decode_interleaved_and_both_exactly(
+    wan21: tuple[Any, Tensor, Tensor],
+) -> None:
+    vae, z, reference = wan21
+    other_z = latent(vae, frames=3, h=4, w=4, seed=7)
+    other_reference = reference_decode(vae, other_z)
+    outer_chunks: list[Tensor] = []
+    inner_chunks: list[Tensor] = []
+    inner = WanChunkedDecoder(vae)
+
+    def on_outer_chunk(chunk: Tensor) -> None:
+        outer_chunks.append(chunk)
+        if len(outer_chunks) == 2:  # the outer decode is mid-way, its caches full
+            inner.decode_with_chunks(other_z, on_chunk=inner_chunks.append)
+
+    feat_map_before = vae.__dict__.get("_feat_map")
+    WanChunkedDecoder(vae).decode_with_chunks(z, on_chunk=on_outer_chunk)
+    assert torch.equal(torch.cat(outer_chunks, dim=2), reference)
+    assert torch.equal(torch.cat(inner_chunks, dim=2), other_reference)
+    assert vae.__dict__.get("_feat_map") is feat_map_before  # the module's own cache is never touched
+
+
+def test_iter_chunks_decodes_only_the_latent_frames_asked_for(wan21: tuple[Any, Tensor, Tensor]) -> None:
+    vae, z, reference = wan21
+    with counting_decoder_calls(vae) as calls:
+        chunks = WanChunkedDecoder(vae).iter_chunks(z)
+        first, second = next(chunks), next(chunks)
+        chunks.close()
+    assert calls[0] == 2  # two latent frames asked for, two decoded; closing decoded nothing more
+    assert torch.equal(torch.cat([first, second], dim=2), reference[:, :, :5])
+
+
+# Construction, registry and latents
+
+
+@pytest.mark.parametrize(
+    ("make_vae", "channels"), [(tiny_wan21, 16), (tiny_wan22, 48), (tiny_qwen_image, 16)]
+)
+def test_chunked_decoder_wraps_the_same_instance(make_vae: Callable[[], Any], channels: int) -> None:
+    vae = make_vae()
+    decoder = chunked_decoder(vae)
+    assert isinstance(decoder, WanChunkedDecoder)
+    assert isinstance(decoder, SupportsChunkedVAEDecode)
+    assert decoder.vae is vae
+    assert decoder.latent_channels == channels
+    assert decoder.chunk_value_range == (-1.0, 1.0)
+    assert decoder.is_output_rank is True
+
+
+def test_unsupported_objects_raise_type_error_naming_the_class() -> None:
+    with pytest.raises(TypeError, match="Linear"):
+        chunked_decoder(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="Linear"):
+        WanChunkedDecoder(nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 16, 5, 8),
+        (16, 5, 8, 8, 1, 1),
+        (1, 15, 5, 8, 8),
+        (0, 16, 5, 8, 8),
+        (1, 16, 0, 8, 8),
+        (1, 16, 5, 0, 8),
+    ],
+    ids=["4-D", "6-D", "wrong-channels", "empty-batch", "no-frames", "zero-height"],
+)
+def test_prepare_latents_and_decode_reject_malformed_latents(
+    wan21: tuple[Any, Tensor, Tensor], shape: tuple[int, ...]
+) -> None:
+    vae, _, _ = wan21
+    decoder = WanChunkedDecoder(vae)
+    message = re.escape("z must be a 5-D latent [B, 16, T, H, W]") + ".*" + re.escape(f"got shape {shape}")
+    with pytest.raises(ValueError, match=message):
+        decoder.prepare_latents(torch.zeros(shape))
+    with pytest.raises(ValueError, match=message):
+        decoder.decode_with_chunks(torch.zeros(shape), on_chunk=lambda chunk: None)
+
+
+def test_prepare_latents_rejects_a_non_tensor(wan21: tuple[Any, Tensor, Tensor]) -> None:
+    with pytest.raises(TypeError, match="z must be a torch.Tensor"):
+        WanChunkedDecoder(wan21[0]).prepare_latents([[0.0]])  # type: ignore[arg-type]
+
+
+def test_prepare_latents_casts_to_the_vae_dtype_and_device(wan21: tuple[Any, Tensor, Tensor]) -> None:
+    vae, z, _ = wan21
+    prepared = WanChunkedDecoder(vae).prepare_latents(z.to(torch.float64))
+    assert prepared.dtype == torch.float32 and prepared.device == z.device
+    assert torch.equal(prepared, z)
+
+
+def test_denormalize_matches_the_wan_pipeline_before_vae_decode() -> None:
+    vae = tiny_wan22()  # z_dim 48, its own latents_mean / latents_std
+    normalized = latent(vae, frames=2).to(torch.float64)
+    # pipeline_wan.py (diffusers 0.42.1), the lines before vae.decode, with self.vae -> vae:
+    latents = normalized.to(torch.device("cpu"), dtype=vae.dtype)
+    latents_mean = (
+        torch.tensor(vae.config.latents_mean)
+        .view(1, vae.config.z_dim, 1, 1, 1)
+        .to(latents.device, latents.dtype)
+    )
+    latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(
+        latents.device, latents.dtype
+    )
+    expected = latents / latents_std + latents_mean
+
+    denormalized = denormalize_wan_latents(vae, normalized)
+    assert denormalized.dtype == torch.float32
+    assert torch.equal(denormalized, expected)
+    mean = torch.tensor(vae.config.latents_mean).view(1, 48, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, 48, 1, 1, 1)
+    assert torch.allclose(denormalized, normalized.float() * std + mean, atol=1e-5)
+
+
+def test_denormalize_rejects_latents_with_the_wrong_channel_count() -> None:
+    with pytest.raises(ValueError, match=r"latents must be a 5-D latent \[B, 48, T, H, W\]"):
+        denormalize_wan_latents(tiny_wan22(), torch.zeros(1, 16, 2, 4, 4))
+
+
+def test_checkpoint_loaded_with_from_pretrained_streams_like_its_decode(
+    tmp_path: Any, wan21: tuple[Any, Tensor, Tensor]
+) -> None:
+    vae, z, reference = wan21
+    vae.save_pretrained(tmp_path / "vae")
+    loaded = AutoencoderKLWan.from_pretrained(tmp_path, subfolder="vae").eval()
+    decoder = chunked_decoder(loaded)
+    assert isinstance(decoder, WanChunkedDecoder) and decoder.vae is loaded
+    chunks: list[Tensor] = []
+    decoder.decode_with_chunks(decoder.prepare_latents(z), on_chunk=chunks.append)
+    assert torch.equal(torch.cat(chunks, dim=2), reference_decode(loaded, z))
+    assert torch.equal(torch.cat(chunks, dim=2), reference)  # the same weights as the saved module
