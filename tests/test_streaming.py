@@ -133,6 +133,21 @@ async def test_fragmented_file_output_is_written_progressively_and_plays(tmp_pat
     assert 0 < max(sizes[:-1]) < len(video)  # bytes reached the file before the end
 
 
+async def test_an_aborted_session_leaves_no_partial_file(tmp_path: Path) -> None:
+    path = tmp_path / "out.mp4"
+    with anyio.CancelScope() as scope:
+        async with ChunkedVideoMP4Session(
+            value_range=(-1, 1), fps=16, output="fragmented", keyframe_interval=4, output_files=[path]
+        ) as session:
+            for chunk in wan_like_chunks(12):
+                await session.push(chunk)
+            scope.cancel()
+            await session.finish()
+    assert scope.cancelled_caught
+    assert not path.exists()
+    assert open_containers() == 0
+
+
 async def test_a_reader_that_leaves_early_aborts_the_session() -> None:
     with pytest.raises(SessionClosedError, match="entry 0's stream"):
         async with ChunkedVideoMP4Session(

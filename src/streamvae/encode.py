@@ -307,9 +307,15 @@ class EntryEncoder:
         return data
 
     def close(self) -> None:
-        """Close the container and any output file without finishing (abort). Idempotent."""
+        """Close the container without finishing (abort); a partly written output file is removed.
+
+        Idempotent, and a no-op after :meth:`finish`.
+        """
+        unfinished = self._file_handle is not None
         self._close_container()
         self._close_file()
+        if unfinished and self.file is not None:
+            self.file.unlink(missing_ok=True)  # a truncated MP4 would look like a result
 
     def _close_container(self) -> None:
         global _open_containers
