@@ -20,6 +20,7 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "AutoencoderKLHunyuanVideo": ("streamvae.models.hunyuan_video", "HunyuanVideoChunkedDecoder"),
     "AutoencoderKLLTXVideo": ("streamvae.models.ltx_video", "LTXVideoChunkedDecoder"),
     "AutoencoderKLCogVideoX": ("streamvae.models.cogvideox", "CogVideoXChunkedDecoder"),
+    "AutoencoderKLLTX2Video": ("streamvae.models.ltx_video", "LTXVideoChunkedDecoder"),
 }
 
 

@@ -1,5 +1,5 @@
-"""What every streamvae model adapter shares: the decode entry point and its rules, and the overlapping-window
-walk of HunyuanVideo and LTX-Video.
+"""What the HunyuanVideo, LTX and CogVideoX adapters share: the decode entry point with its rules, and the
+overlapping-window walk of HunyuanVideo and LTX.
 
 :class:`ChunkedDecoder` owns the parts of :meth:`decode_with_chunks` that do not depend on the model: latent
 checks, accelerate's forward hook, batch slicing and the failure rule. A family adapter subclasses it and
@@ -27,26 +27,30 @@ class ChunkedDecoder:
     module, same weights, same settings (``use_slicing``, ``use_tiling``, window sizes) read at each decode.
     """
 
+    vae: Any
     chunk_value_range: tuple[float, float] = (-1.0, 1.0)
     is_output_rank: bool = True
 
-    def __init__(self, vae: Any, *, latent_channels: int) -> None:
+    def __init__(self, vae: Any, *, vae_classes: tuple[type, ...]) -> None:
+        if not isinstance(vae, vae_classes):
+            names = " or ".join(cls.__name__ for cls in vae_classes)
+            raise TypeError(
+                f"{type(self).__name__} wraps a diffusers {names}, "
+                f"got {type(vae).__module__}.{type(vae).__qualname__}"
+            )
         self.vae = vae
-        self.latent_channels = latent_channels
+        self.latent_channels = int(self.vae.config["latent_channels"])
 
     def prepare_latents(self, z: Tensor) -> Tensor:
         """Check that ``z`` is a latent this VAE decodes and return it in the VAE's dtype, on its device.
 
-        The device is the one the VAE runs on: an accelerate offload hook's execution device when one is
-        attached (the weights may still sit on the CPU), else the device of the weights. Raises
+        The device is the one the VAE runs on: the offload device when the weights are offloaded (they may
+        sit on the CPU or the meta device until the hook moves them), else the device of the weights. Raises
         :class:`ValueError` naming the expected form for a latent that is not 5-D, has the wrong channel
         count, or is empty.
         """
         self._check_latents(z)
-        hook = getattr(self.vae, "_hf_hook", None)
-        device = getattr(hook, "execution_device", None)
-        target = torch.device(device) if device is not None else self.vae.device
-        return z.to(device=target, dtype=self.vae.dtype)
+        return z.to(device=_execution_device(self.vae), dtype=self.vae.dtype)
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
         """Decode ``z`` ([batch, latent_channels, frames, height, width]) and publish each final chunk.
@@ -56,7 +60,8 @@ class ChunkedDecoder:
         ``vae.use_slicing`` and batch > 1 the entries are decoded one at a time, as ``vae.decode`` does,
         and each published chunk still holds the whole batch. When ``on_chunk`` raises, the decode stops at
         the next step boundary, no chunk is retained, and the error is re-raised; the instance is left as it
-        was and decodes correctly afterwards.
+        was and decodes correctly afterwards. Chunks may be views of a window the decode still reads (to
+        blend the next one): treat them as read-only.
         """
         self._check_latents(z)
         with torch.no_grad():
@@ -98,6 +103,19 @@ class ChunkedDecoder:
             )
         if z.numel() == 0:
             raise ValueError(f"{name}: z must not be empty {expected}, got shape {tuple(z.shape)}")
+
+
+def _execution_device(vae: Any) -> torch.device:
+    """The device ``vae.decode`` needs its input on (the offload hook's device when weights are offloaded)."""
+    try:
+        from diffusers.utils.torch_utils import get_module_execution_device
+    except ImportError:  # diffusers < 0.37: accelerate's hooks are the only offload to look through
+        for module in vae.modules():
+            device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+            if device is not None:
+                return torch.device(device)
+        return torch.device(vae.device)
+    return get_module_execution_device(vae)
 
 
 def _publish(chunks: Generator[Tensor, None, None], on_chunk: Callable[[Tensor], None]) -> None:

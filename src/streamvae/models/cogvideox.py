@@ -9,7 +9,8 @@ just the order, must be the one diffusers uses.
 
 With spatial tiling, diffusers is tile-major: each tile runs the whole time loop with its own cache, and
 the tiles are blended afterwards. Here the loops are swapped (every tile's cache is kept, each batch is
-blended on its own): the blend is elementwise per frame, so the result is the same tensor.
+blended on its own): the blend is elementwise per frame, so the result is the same tensor. It costs one
+cache per tile held at once, where diffusers holds one at a time.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class CogVideoXChunkedDecoder(ChunkedDecoder):
     chunk_value_range = (-1.0, 1.0)
 
     def __init__(self, vae: AutoencoderKLCogVideoX) -> None:
-        super().__init__(vae, latent_channels=int(vae.config["latent_channels"]))
+        super().__init__(vae, vae_classes=(AutoencoderKLCogVideoX,))
 
     def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         vae = self.vae

@@ -2,9 +2,10 @@
 
 HunyuanVideo's VAE walks time in overlapping windows ("framewise decoding", on by default): with
 ``tile_sample_min_num_frames=16`` and ``tile_sample_stride_num_frames=12`` each window decodes 5 latent
-frames, windows start every 3 latents, and the last 4 frames of a window blend into the first 4 of the next. Every
-window but the first drops its first frame (the decoder treats a window's first latent as an image). Each
-window's kept frames (13, then 12 a window) are final once it is blended, so they are published right away.
+frames, windows start every 3 latents, and the last 4 frames of a window blend into the first 4 of the
+next. Every window but the first drops its first frame (the decoder treats a window's first latent as an
+image). Each window's kept frames (13, then 12 a window) are final once it is blended, so they are
+published right away.
 
 Within one decoder call nothing streams: GroupNorm normalizes over all frames of the call. A latent that
 fits in one window (``frames <= tile_sample_min_num_frames // 4``), or any latent with
@@ -37,7 +38,7 @@ class HunyuanVideoChunkedDecoder(ChunkedDecoder):
     chunk_value_range = (-1.0, 1.0)
 
     def __init__(self, vae: AutoencoderKLHunyuanVideo) -> None:
-        super().__init__(vae, latent_channels=int(vae.config["latent_channels"]))
+        super().__init__(vae, vae_classes=(AutoencoderKLHunyuanVideo,))
 
     def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         vae = self.vae

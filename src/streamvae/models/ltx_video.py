@@ -1,28 +1,37 @@
 """Streaming decode for diffusers' ``AutoencoderKLLTXVideo`` (LTX-Video) and ``AutoencoderKLLTX2Video``.
 
-The LTX decoders are not causal in time (LTX-Video pads its convolutions on both sides; LTX-2 is causal only
-when configured so) and keep no state between calls, so one decoder call needs all of its latent frames
-before any output frame is known. ``vae.decode`` therefore streams only with temporal tiling on
-(``use_framewise_decoding``, off by default): windows of ``tile_sample_min_num_frames // 8 + 1`` latent
-frames (3 by default) start every ``tile_sample_stride_num_frames // 8`` latents (1), every window but the
-first drops its last frame, and the last ``min - stride`` sample frames (8) of a window blend into the
-first frames of the next. A window's kept frames (9, then 8 a window) are final once it is blended and are
-published right away. With temporal tiling off, the whole decode is one chunk.
+LTX-Video's decoder is not causal in time (its convolutions pad both sides), so one decoder call needs all
+of its latent frames before any output frame is known; LTX-2's is causal by default, but neither keeps
+state from one call to the next, and ``vae.decode`` makes one call for the whole clip. It walks time only
+with temporal tiling on (``use_framewise_decoding``, off by default): windows of
+``tile_sample_min_num_frames // 8 + 1`` latent frames (3 by default) start every
+``tile_sample_stride_num_frames // 8`` latents (1), every window but the first drops its last frame, and
+the last ``min - stride`` sample frames (8) of a window blend into the first frames of the next. A
+window's kept frames (9, then 8 a window) are final once it is blended and are published right away.
+With temporal tiling off, the whole decode is one chunk.
 
-Unlike HunyuanVideo, diffusers keeps the first frame of each later LTX window and drops its last, so the
-previous window's blended tail sits one frame later than the head it blends into. Streaming reproduces
-that exactly, as it must to equal ``vae.decode``.
+Unlike HunyuanVideo, diffusers keeps the first frame of every later LTX window and drops its last;
+streaming reproduces that exactly, as it must to equal ``vae.decode``.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
+from diffusers.models.autoencoders.autoencoder_kl_ltx import AutoencoderKLLTXVideo
+from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor
 
 from streamvae.models._common import ChunkedDecoder, overlapping_window_chunks
+
+try:
+    from diffusers.models.autoencoders.autoencoder_kl_ltx2 import AutoencoderKLLTX2Video
+except ImportError:  # diffusers before LTX-2
+    _LTX_CLASSES: tuple[type, ...] = (AutoencoderKLLTXVideo,)
+else:
+    _LTX_CLASSES = (AutoencoderKLLTXVideo, AutoencoderKLLTX2Video)
 
 __all__ = ["LTXVideoChunkedDecoder"]
 
@@ -34,18 +43,25 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
     ``timestep_conditioning``) and, for LTX-2, ``causal`` pass through to every decoder call as ``decode``
     passes them. The concatenated chunks are ``torch.equal`` to ``vae.decode(z, temb).sample`` with the
     instance's settings (temporal tiling, spatial tiling inside each window). With ``use_slicing`` each
-    entry decodes alone with its own row of ``temb`` (diffusers' own sliced ``decode`` mis-pairs latents and
-    timesteps when ``temb`` is given and fails; the result here equals decoding the entries one by one).
-    Chunks are in [-1, 1] nominally.
+    entry decodes alone with its own row of ``temb``, or the one row there is (diffusers' own sliced
+    ``decode`` mis-pairs latents and timesteps when ``temb`` is given and fails; the result here equals
+    decoding the entries one by one). Chunks are in [-1, 1] nominally.
 
     Checkpoints with ``decoder_inject_noise`` draw noise from the global RNG in every decoder call; the
     result equals ``decode`` from the same RNG state except with ``use_slicing``, where entries interleave.
     """
 
+    vae: AutoencoderKLLTXVideo | AutoencoderKLLTX2Video
     chunk_value_range = (-1.0, 1.0)
 
-    def __init__(self, vae: Any, *, temb: Tensor | None = None, causal: bool | None = None) -> None:
-        super().__init__(vae, latent_channels=int(vae.config["latent_channels"]))
+    def __init__(
+        self,
+        vae: AutoencoderKLLTXVideo | AutoencoderKLLTX2Video,
+        *,
+        temb: Tensor | None = None,
+        causal: bool | None = None,
+    ) -> None:
+        super().__init__(vae, vae_classes=_LTX_CLASSES)
         self.temb = temb
         self._decoder_kwargs: dict[str, Any] = {}
         if "causal" in inspect.signature(vae.decode).parameters:
@@ -56,8 +72,8 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
     def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         vae = self.vae
         temb = self.temb
-        if temb is not None and temb.ndim > 0 and entries != slice(None):
-            temb = temb[entries]
+        if temb is not None and temb.ndim > 0 and temb.shape[0] > 1:
+            temb = temb[entries]  # one timestep per entry; a single one applies to every entry
 
         def decode_window(latents: Tensor, first: bool) -> Tensor:
             return self._decode_window(latents, temb, first)
@@ -75,7 +91,9 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
         tile_latent_min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
         decoded: Tensor
         if vae.use_tiling and (z.shape[-1] > tile_latent_min_width or z.shape[-2] > tile_latent_min_height):
-            decoded = vae.tiled_decode(z, temb, return_dict=True, **self._decoder_kwargs).sample
+            decoded = cast(
+                DecoderOutput, vae.tiled_decode(z, temb, return_dict=True, **self._decoder_kwargs)
+            ).sample
         else:
             decoded = vae.decoder(z, temb, **self._decoder_kwargs)
         # diffusers drops the last frame of every later window (HunyuanVideo drops the first).
