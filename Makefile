@@ -9,11 +9,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: an unpinned torch (or a dependency's range) pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,serve]'
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/synthetic_demo.py -o demo.mp4
+	$(VENV)/bin/streamvae demo -o demo.mp4
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

@@ -5,7 +5,7 @@ host transfer → H.264 encode while later chunks still decode. Runs on asyncio 
 """
 
 from streamvae.decode import decode_to_mp4, stream_mp4
-from streamvae.protocol import ChunkPublisher, SupportsChunkedVAEDecode
+from streamvae.protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
 from streamvae.quantize import quantize_chunk, quantize_chunk_yuv420
 from streamvae.session import ChunkedVideoMP4Session, MP4ByteStream, SessionClosedError, StageSpan
 from streamvae.transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, RingAbortedError
@@ -22,6 +22,7 @@ __all__ = [
     "StageSpan",
     "SupportsChunkedVAEDecode",
     "decode_to_mp4",
+    "publish_chunks",
     "quantize_chunk",
     "quantize_chunk_yuv420",
     "stream_mp4",

@@ -169,8 +169,9 @@ class EntryEncoder:
         target: Any
         io_open = None
         if self.output == "fragmented":
-            flags = _FRAGMENT_FLAGS + ("+delay_moov" if self._audio is not None else "")
-            container_options["movflags"] = flags
+            # delay_moov: the moov waits for the first packets, so it carries the edit list that starts
+            # both tracks at 0 (x264's B-frame delay would otherwise shift the timeline in browsers).
+            container_options["movflags"] = _FRAGMENT_FLAGS + "+delay_moov"
             target = self._collector = _ByteCollector()
         else:
             container_options["movflags"] = "+faststart"

@@ -8,12 +8,12 @@ quantizing, copying and encoding while later chunks are still being decoded.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["ChunkPublisher", "SupportsChunkedVAEDecode"]
+__all__ = ["ChunkPublisher", "SupportsChunkedVAEDecode", "publish_chunks"]
 
 
 @runtime_checkable
@@ -76,3 +76,29 @@ class ChunkPublisher:
             # Frames in a traceback keep their locals (the chunk among them) alive as long as the error.
             traceback.clear_frames(error.__traceback__)
             raise error
+
+
+def publish_chunks(
+    chunks: Iterator[Tensor], on_chunk: Callable[[Tensor], None], *, drain: bool = False
+) -> None:
+    """Drive a step-by-step decode (an iterator of final chunks) into ``on_chunk`` under the failure rule.
+
+    Each ``next(chunks)`` is one step. Once ``on_chunk`` fails, stepping stops (or, with ``drain=True``, goes
+    on to the end unpublished); the iterator is closed (freeing its caches) and the first error re-raised —
+    also when a later step fails while draining.
+    """
+    publisher = ChunkPublisher(on_chunk, drain=drain)
+    try:
+        for chunk in chunks:
+            publisher.publish(chunk)
+            del chunk  # a failed decode's traceback holds this frame: it must not hold a chunk
+            if publisher.stopped:
+                break
+    except BaseException:
+        publisher.raise_if_failed()
+        raise
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    publisher.raise_if_failed()

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from streamvae.protocol import ChunkPublisher
+from streamvae.protocol import publish_chunks
 
-__all__ = ["ChunkedDecoder", "overlapping_window_chunks"]
+__all__ = ["ChunkedDecoder", "check_latents", "execution_device", "overlapping_window_chunks"]
 
 
 class ChunkedDecoder:
@@ -50,7 +50,7 @@ class ChunkedDecoder:
         count, or is empty.
         """
         self._check_latents(z)
-        return z.to(device=_execution_device(self.vae), dtype=self.vae.dtype)
+        return z.to(device=execution_device(self.vae), dtype=self.vae.dtype)
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
         """Decode ``z`` ([batch, latent_channels, frames, height, width]) and publish each final chunk.
@@ -68,7 +68,7 @@ class ChunkedDecoder:
             hook = getattr(self.vae, "_hf_hook", None)
             if hook is not None and hasattr(hook, "pre_forward"):
                 hook.pre_forward(self.vae)  # what diffusers' apply_forward_hook does around decode
-            _publish(self._batch_chunks(z), on_chunk)
+            publish_chunks(self._batch_chunks(z), on_chunk)
 
     def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         """Yield the final chunks of ``z``, which holds the batch entries ``entries`` of the whole latent."""
@@ -90,22 +90,26 @@ class ChunkedDecoder:
                 walk.close()
 
     def _check_latents(self, z: Tensor) -> None:
-        name = type(self).__name__
-        expected = f"[batch, {self.latent_channels}, frames, height, width]"
-        if not isinstance(z, Tensor):
-            raise TypeError(f"{name}: z must be a torch.Tensor {expected}, got {type(z).__name__}")
-        if z.ndim != 5:
-            raise ValueError(f"{name}: z must be a 5-D latent {expected}, got shape {tuple(z.shape)}")
-        if z.shape[1] != self.latent_channels:
-            raise ValueError(
-                f"{name}: z must have {self.latent_channels} latent channels in dim 1 {expected}, "
-                f"got shape {tuple(z.shape)}"
-            )
-        if z.numel() == 0:
-            raise ValueError(f"{name}: z must not be empty {expected}, got shape {tuple(z.shape)}")
+        check_latents(z, self.latent_channels, owner=type(self).__name__)
 
 
-def _execution_device(vae: Any) -> torch.device:
+def check_latents(z: object, channels: int, *, owner: str, name: str = "z") -> None:
+    """Raise TypeError/ValueError naming ``name`` unless it is a non-empty [B, channels, T, H, W] tensor."""
+    expected = f"[batch, {channels}, frames, height, width]"
+    if not isinstance(z, Tensor):
+        raise TypeError(f"{owner}: {name} must be a torch.Tensor {expected}, got {type(z).__name__}")
+    if z.ndim != 5:
+        raise ValueError(f"{owner}: {name} must be a 5-D latent {expected}, got shape {tuple(z.shape)}")
+    if z.shape[1] != channels:
+        raise ValueError(
+            f"{owner}: {name} must have {channels} latent channels in dim 1 {expected}, "
+            f"got shape {tuple(z.shape)}"
+        )
+    if z.numel() == 0:
+        raise ValueError(f"{owner}: {name} must not be empty {expected}, got shape {tuple(z.shape)}")
+
+
+def execution_device(vae: Any) -> torch.device:
     """The device ``vae.decode`` needs its input on (the offload hook's device when weights are offloaded)."""
     try:
         from diffusers.utils.torch_utils import get_module_execution_device
@@ -116,20 +120,6 @@ def _execution_device(vae: Any) -> torch.device:
                 return torch.device(device)
         return torch.device(vae.device)
     return get_module_execution_device(vae)
-
-
-def _publish(chunks: Generator[Tensor, None, None], on_chunk: Callable[[Tensor], None]) -> None:
-    """Drive ``chunks`` into ``on_chunk`` under the failure rule: stop stepping once publishing failed."""
-    publisher = ChunkPublisher(on_chunk)
-    try:
-        for chunk in chunks:
-            publisher.publish(chunk)
-            del chunk  # a failed decode's traceback holds this frame: it must not hold a chunk
-            if publisher.stopped:
-                break
-    finally:
-        chunks.close()  # frees the walk's state (previous window, conv caches) before any re-raise
-    publisher.raise_if_failed()
 
 
 def overlapping_window_chunks(

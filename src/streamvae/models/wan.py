@@ -27,7 +27,8 @@ from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, WanCausalConv3d, unpatchify
 from torch import Tensor
 
-from streamvae.protocol import ChunkPublisher
+from streamvae.models._common import check_latents, execution_device
+from streamvae.protocol import publish_chunks
 
 __all__ = ["WanChunkedDecoder", "WanFamilyVAE", "denormalize_wan_latents"]
 
@@ -35,30 +36,6 @@ WanFamilyVAE: TypeAlias = AutoencoderKLWan | AutoencoderKLQwenImage
 """The diffusers VAE classes :class:`WanChunkedDecoder` wraps."""
 
 _CAUSAL_CONVS = (WanCausalConv3d, QwenImageCausalConv3d)  # the layers that keep a slot in the decoder cache
-
-
-def _execution_device(vae: WanFamilyVAE) -> torch.device:
-    """The device ``vae.decode`` needs its input on (the offload hook's device when weights are offloaded)."""
-    try:
-        from diffusers.utils.torch_utils import get_module_execution_device
-    except ImportError:  # older diffusers: look for an accelerate offload hook, as that helper does
-        for module in vae.modules():
-            device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
-            if device is not None:
-                return torch.device(device)
-        return vae.device
-    return get_module_execution_device(vae)
-
-
-def _check_latents(latents: Tensor, channels: int, name: str) -> None:
-    """Raise a ValueError naming ``name`` unless ``latents`` is a non-empty [B, channels, T, H, W] tensor."""
-    if not isinstance(latents, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor latent [B, {channels}, T, H, W], got {type(latents)}")
-    if latents.ndim != 5 or latents.shape[1] != channels or latents.numel() == 0:
-        raise ValueError(
-            f"{name} must be a 5-D latent [B, {channels}, T, H, W] with no empty dimension, "
-            f"got shape {tuple(latents.shape)}"
-        )
 
 
 def denormalize_wan_latents(vae: WanFamilyVAE, latents: Tensor) -> Tensor:
@@ -73,8 +50,8 @@ def denormalize_wan_latents(vae: WanFamilyVAE, latents: Tensor) -> Tensor:
     Raises ValueError unless ``latents`` is a non-empty [B, z_dim, T, H, W] tensor.
     """
     z_dim = int(vae.config["z_dim"])
-    _check_latents(latents, z_dim, "latents")
-    latents = latents.to(_execution_device(vae), dtype=vae.dtype)
+    check_latents(latents, z_dim, owner="denormalize_wan_latents", name="latents")
+    latents = latents.to(execution_device(vae), dtype=vae.dtype)
     latents_mean = (
         torch.tensor(vae.config["latents_mean"]).view(1, z_dim, 1, 1, 1).to(latents.device, latents.dtype)
     )
@@ -150,8 +127,8 @@ class WanChunkedDecoder:
         ``z`` must already be de-normalized (see :func:`denormalize_wan_latents`). Raises ValueError naming
         ``z`` and the expected shape unless it is a non-empty [B, z_dim, T, H, W] tensor.
         """
-        _check_latents(z, self.latent_channels, "z")
-        return z.to(_execution_device(self.vae), dtype=self.vae.dtype)
+        check_latents(z, self.latent_channels, owner=type(self).__name__)
+        return z.to(execution_device(self.vae), dtype=self.vae.dtype)
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
         """Decode ``z`` [B, z_dim, T, H, W] and hand each latent frame's final frames to ``on_chunk``.
@@ -161,21 +138,7 @@ class WanChunkedDecoder:
         the end unpublished) and the error is re-raised. The instance is reusable afterwards. Like
         ``vae.decode``, ``z`` is not cast: use :meth:`prepare_latents` first.
         """
-        publisher = ChunkPublisher(on_chunk, drain=self.drain)
-        chunks = self.iter_chunks(z)
-        try:
-            for chunk in chunks:
-                publisher.publish(chunk)
-                del chunk  # the loop variable would keep the last chunk alive until we return
-                if publisher.stopped:
-                    break
-        except BaseException:
-            # A decoder step failed while draining after an on_chunk error: that first error is raised.
-            publisher.raise_if_failed()
-            raise
-        finally:
-            chunks.close()  # releases the decoder caches now rather than at garbage collection
-        publisher.raise_if_failed()
+        publish_chunks(self.iter_chunks(z), on_chunk, drain=self.drain)
 
     def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
         """Run the decode step by step: yields the final chunk of each latent frame, in order.
@@ -185,7 +148,7 @@ class WanChunkedDecoder:
         a consumer that stops iterating stops decoding at a latent-frame boundary. Close the iterator to free
         the decoder caches at once. No chunk is retained by the iterator after it is yielded.
         """
-        _check_latents(z, self.latent_channels, "z")
+        check_latents(z, self.latent_channels, owner=type(self).__name__)
         # What diffusers' apply_forward_hook does around vae.decode (it never calls post_forward).
         hook = getattr(self.vae, "_hf_hook", None)
         if hook is not None and hasattr(hook, "pre_forward"):

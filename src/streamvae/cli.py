@@ -1,0 +1,484 @@
+"""The ``streamvae`` command: ``demo``, ``decode`` and ``serve``.
+
+``demo`` decodes the embedded seeded Wan VAE's latent (no download); ``decode`` decodes latents saved with
+``torch.save`` or safetensors with a local diffusers VAE; ``serve`` runs the streaming server. Each decode
+shows a progress bar (frames decoded and encoded, fps, ETA) and ends with a one-line summary (frames,
+seconds, time to the first MP4 byte, output size). The MP4s are written as they are encoded: fragmented
+MP4 by default, so the first bytes are on disk long before the decode ends.
+
+rich (the progress bar) and starlette / uvicorn (``serve``) are optional: the library never imports them,
+and this module only when they are used (``pip install 'streamvae[serve]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import wave
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import av
+import numpy as np
+import torch
+from torch import Tensor
+
+from streamvae import ChunkedVideoMP4Session, MP4ByteStream, stream_mp4
+
+__all__ = ["CliError", "main"]
+
+
+class CliError(Exception):
+    """A problem with the command's input, reported as one line without a traceback."""
+
+
+@dataclass
+class DecodeJob:
+    """One decode the command runs: what to decode, where the MP4s go, how to encode them."""
+
+    vae: Any
+    latents: Tensor
+    outputs: list[Path]
+    frames: int | None  # expected frames per entry, when the VAE's temporal scale is known
+    session_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DecodeSummary:
+    """What the summary line reports."""
+
+    frames: int  # per entry
+    width: int
+    height: int
+    seconds: float
+    first_byte_seconds: float | None
+    bytes_out: int
+    outputs: list[Path]
+
+    def line(self) -> str:
+        names = ", ".join(str(p) for p in self.outputs)
+        first = "-" if self.first_byte_seconds is None else f"{self.first_byte_seconds:.2f} s"
+        return (
+            f"{names}: {self.frames} frames {self.width}×{self.height} in {self.seconds:.2f} s "
+            f"({self.frames / self.seconds:.1f} fps), first byte after {first}, "
+            f"{_human_bytes(self.bytes_out)}"
+        )
+
+
+def _human_bytes(count: int) -> str:
+    size = float(count)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+# -- running a decode --
+
+
+async def run_decode(job: DecodeJob, *, progress: bool = True) -> DecodeSummary:
+    """Decode ``job``, writing each entry's MP4 to its path as it is encoded, with a progress bar."""
+    started = time.perf_counter()
+    first_byte: list[float] = []
+    sessions: list[ChunkedVideoMP4Session] = []
+    reporter = _progress_reporter(job.frames) if progress else None
+
+    async def write(stream: MP4ByteStream, path: Path) -> None:
+        async with await anyio.open_file(path, "wb") as file:
+            async for data in stream:
+                if not first_byte:
+                    first_byte.append(time.perf_counter() - started)
+                await file.write(data)
+
+    try:
+        async with anyio.create_task_group() as group:
+            if reporter is not None:
+                group.start_soon(reporter.run, sessions)
+            async with (
+                stream_mp4(
+                    job.vae, job.latents, on_session=sessions.append, **job.session_options
+                ) as streams,
+                anyio.create_task_group() as writers,  # every entry at once: they share one pipeline
+            ):
+                for stream, path in zip(streams, job.outputs, strict=True):
+                    writers.start_soon(write, stream, path)
+            seconds = time.perf_counter() - started
+            if reporter is not None:
+                reporter.stop(sessions[0])
+            group.cancel_scope.cancel()
+    except BaseExceptionGroup as errors:
+        raise _unwrap(errors) from None
+    width, height = _frame_size(job.outputs[0])
+    return DecodeSummary(
+        frames=sessions[0].frames_pushed,
+        width=width,
+        height=height,
+        seconds=seconds,
+        first_byte_seconds=first_byte[0] if first_byte else None,
+        bytes_out=sum(path.stat().st_size for path in job.outputs),
+        outputs=job.outputs,
+    )
+
+
+def _unwrap(errors: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error behind ``errors`` (every writer of a failed session raises the same one)."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [errors]
+    while pending:
+        error = pending.pop()
+        if isinstance(error, BaseExceptionGroup):
+            pending.extend(error.exceptions)
+        elif not any(error is seen for seen in leaves):
+            leaves.append(error)
+    return leaves[0] if len(leaves) == 1 else errors
+
+
+def _frame_size(path: Path) -> tuple[int, int]:
+    """Width and height of the video in the MP4 at ``path`` (as written, after any crop)."""
+    with av.open(str(path)) as container:
+        video = container.streams.video[0]
+        return video.codec_context.width, video.codec_context.height
+
+
+class _Reporter:
+    """Draws the progress bar from a session's counters, a few times a second."""
+
+    def __init__(self, progress: Any, decoded: Any, encoded: Any) -> None:
+        self.progress = progress
+        self.decoded = decoded
+        self.encoded = encoded
+
+    async def run(self, sessions: list[ChunkedVideoMP4Session]) -> None:
+        with self.progress:
+            while True:
+                if sessions:
+                    self._update(sessions[0])
+                await anyio.sleep(0.1)  # a refresh rate, not a wait for another task
+
+    def _update(self, session: ChunkedVideoMP4Session) -> None:
+        self.progress.update(self.decoded, completed=session.frames_pushed)
+        self.progress.update(self.encoded, completed=session.frames_encoded)
+
+    def stop(self, session: ChunkedVideoMP4Session) -> None:
+        self._update(session)
+        self.progress.refresh()
+
+
+def _progress_reporter(frames: int | None) -> _Reporter | None:
+    try:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            ProgressColumn,
+            Task,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+        from rich.text import Text
+    except ImportError:  # rich is optional: without it there is only the summary line
+        return None
+
+    class FpsColumn(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            return Text("" if task.speed is None else f"{task.speed:5.1f} fps", style="progress.data.speed")
+
+    progress = Progress(
+        TextColumn("{task.description:>13}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        FpsColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        auto_refresh=True,
+        transient=False,
+    )
+    decoded = progress.add_task("frames decoded", total=frames)
+    encoded = progress.add_task("frames encoded", total=frames)
+    return _Reporter(progress, decoded, encoded)
+
+
+# -- inputs --
+
+
+def load_latents(path: Path, key: str | None = None) -> Tensor:
+    """A latent [B, C, T, H, W] (or [C, T, H, W], a batch of one) from a ``.pt`` or ``.safetensors`` file.
+
+    A file holding one tensor needs no ``key``; one holding several (a dict, or safetensors) needs it,
+    unless one of them is called ``latents``.
+    """
+    if not path.is_file():
+        raise CliError(f"latents file {path} does not exist")
+    suffix = path.suffix.lower()
+    data: Any
+    try:
+        if suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            data = load_file(str(path))
+        elif suffix in (".pt", ".pth"):
+            data = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise CliError(f"latents file {path} must be .pt (torch.save) or .safetensors")
+    except CliError:
+        raise
+    except Exception as error:
+        raise CliError(f"cannot read latents from {path}: {error}") from error
+    tensor = _pick_tensor(data, path, key)
+    if tensor.ndim == 4:
+        tensor = tensor[None]
+    if tensor.ndim != 5 or tensor.numel() == 0 or not tensor.is_floating_point():
+        raise CliError(
+            f"the latent in {path} must be a float tensor [batch, channels, frames, height, width] "
+            f"(or [channels, frames, height, width]), got {tuple(tensor.shape)} {tensor.dtype}"
+        )
+    return tensor
+
+
+def _pick_tensor(data: object, path: Path, key: str | None) -> Tensor:
+    if isinstance(data, Tensor):
+        if key is not None:
+            raise CliError(f"{path} holds a single tensor, not one named {key!r}: drop --key")
+        return data
+    if not isinstance(data, dict):
+        raise CliError(f"{path} must hold a tensor or a dict of tensors, got {type(data).__name__}")
+    tensors = {name: value for name, value in data.items() if isinstance(value, Tensor)}
+    if key is not None:
+        if key not in tensors:
+            raise CliError(f"{path} has no tensor {key!r}; it has: {', '.join(map(str, tensors)) or 'none'}")
+        return tensors[key]
+    if len(tensors) == 1:
+        return next(iter(tensors.values()))
+    if "latents" in tensors:
+        return tensors["latents"]
+    raise CliError(f"{path} holds several tensors ({', '.join(map(str, tensors))}): choose one with --key")
+
+
+def load_vae(
+    directory: Path, *, subfolder: str | None = None, dtype: str = "float32", device: str = "cpu"
+) -> Any:
+    """A diffusers VAE streamvae supports, from a local ``save_pretrained`` directory."""
+    from streamvae.models import supported_classes
+
+    if not directory.is_dir():
+        raise CliError(f"VAE directory {directory} does not exist")
+    root = directory / subfolder if subfolder else directory
+    config_path = root / "config.json"
+    if not config_path.is_file():
+        hint = ""
+        if subfolder is None and (directory / "vae" / "config.json").is_file():
+            hint = " (it looks like a pipeline: add --subfolder vae)"
+        raise CliError(f"{root} is not a diffusers VAE directory: it has no config.json{hint}")
+    try:
+        class_name = json.loads(config_path.read_text())["_class_name"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CliError(f"{config_path} is not a diffusers model config (no _class_name): {error}") from error
+    if class_name not in supported_classes():
+        raise CliError(
+            f"{root} holds a {class_name}, not a VAE streamvae decodes "
+            f"(supported: {', '.join(supported_classes())})"
+        )
+    import diffusers
+
+    try:
+        vae = getattr(diffusers, class_name).from_pretrained(
+            directory, subfolder=subfolder, torch_dtype=getattr(torch, dtype)
+        )
+    except Exception as error:
+        raise CliError(f"cannot load the {class_name} in {root}: {error}") from error
+    return vae.to(device).eval()
+
+
+def read_wav(path: Path) -> tuple[np.ndarray[Any, np.dtype[np.float32]], int]:
+    """A 16-bit PCM WAV file as float32 ``[channels, samples]`` in [-1, 1], and its sample rate."""
+    if not path.is_file():
+        raise CliError(f"audio file {path} does not exist")
+    try:
+        with wave.open(str(path), "rb") as wav:
+            channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
+            raw = wav.readframes(wav.getnframes())
+    except (wave.Error, EOFError) as error:
+        raise CliError(f"{path} is not a PCM WAV file: {error}") from error
+    if width != 2:
+        raise CliError(f"{path} has {8 * width}-bit samples; only 16-bit PCM WAV is read")
+    if channels not in (1, 2):
+        raise CliError(f"{path} has {channels} channels; mono or stereo only")
+    samples = np.frombuffer(raw, dtype="<i2").reshape(-1, channels).T
+    return (samples.astype(np.float32) / 32768.0).copy(), rate
+
+
+def expected_frames(vae: Any, latent_frames: int) -> int | None:
+    """Frames a causal video VAE decodes from ``latent_frames`` (1 + scale·(T − 1)), if its config says."""
+    config = getattr(vae, "config", None)
+    for name in ("scale_factor_temporal", "temporal_compression_ratio"):
+        scale = None if config is None else getattr(config, name, None)
+        if isinstance(scale, int):
+            return 1 + scale * (latent_frames - 1)
+    return None
+
+
+def output_paths(output: Path, batch: int) -> list[Path]:
+    """``OUT.mp4`` for one entry, ``OUT-0.mp4``, ``OUT-1.mp4``, … for more."""
+    if batch == 1:
+        return [output]
+    return [output.with_name(f"{output.stem}-{entry}{output.suffix}") for entry in range(batch)]
+
+
+def _codec_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, str] = {}
+    if args.crf is not None:
+        options["crf"] = str(args.crf)
+    if args.preset is not None:
+        options["preset"] = args.preset
+    session: dict[str, Any] = {"fps": args.fps, "output": args.container}
+    if options:
+        session["video_codec_options"] = options
+    return session
+
+
+# -- commands --
+
+
+def _demo_job(args: argparse.Namespace) -> DecodeJob:
+    from streamvae.demo import check_demo_request, demo_latent, demo_vae
+
+    try:
+        check_demo_request(args.frames, args.size)
+    except ValueError as error:
+        raise CliError(str(error)) from error
+    vae = demo_vae()
+    latents = demo_latent(args.frames, args.size, args.seed)
+    return DecodeJob(vae, latents, [args.output], args.frames, _codec_options(args))
+
+
+def _decode_job(args: argparse.Namespace) -> DecodeJob:
+    from streamvae.decode import as_chunked_decoder
+
+    latents = load_latents(args.latents, args.key)
+    vae = load_vae(args.vae, subfolder=args.subfolder, dtype=args.dtype, device=args.device)
+    channels = getattr(as_chunked_decoder(vae), "latent_channels", None)
+    if channels is not None and latents.shape[1] != channels:
+        raise CliError(
+            f"the latent in {args.latents} has {latents.shape[1]} channels (shape {tuple(latents.shape)}), "
+            f"but the VAE in {args.vae} takes {channels}"
+        )
+    if args.denormalize:
+        from streamvae.models.wan import denormalize_wan_latents
+
+        latents = denormalize_wan_latents(vae, latents)
+    if args.tile:
+        vae.enable_tiling()
+    options = _codec_options(args)
+    if args.audio is not None:
+        waveform, rate = read_wav(args.audio)
+        options["audio_waveforms"] = [waveform] * latents.shape[0]
+        options["audio_sample_rate"] = rate
+    outputs = output_paths(args.output, latents.shape[0])
+    return DecodeJob(vae, latents, outputs, expected_frames(vae, latents.shape[2]), options)
+
+
+def _run_job(args: argparse.Namespace, build: Callable[[argparse.Namespace], DecodeJob]) -> int:
+    job = build(args)
+    for path in job.outputs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    summary = anyio.run(lambda: run_decode(job, progress=not args.quiet), backend=args.backend)
+    print(summary.line())
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        from streamvae.server import serve
+    except ImportError as error:
+        raise CliError(
+            f"serve needs starlette and uvicorn: pip install 'streamvae[serve]' ({error})"
+        ) from error
+    serve(
+        host=args.host,
+        port=args.port,
+        max_concurrent=args.max_concurrent,
+        max_queued=args.max_queued,
+        stall_timeout=args.stall_timeout,
+    )
+    return 0
+
+
+def _add_encode_options(parser: argparse.ArgumentParser, *, fps: float) -> None:
+    parser.add_argument("--fps", type=float, default=fps, help=f"frames per second (default {fps:g})")
+    parser.add_argument("--crf", type=int, help="x264 constant rate factor (default 18; lower is better)")
+    parser.add_argument("--preset", help="x264 preset: ultrafast … veryslow (default veryfast)")
+    parser.add_argument(
+        "--container",
+        choices=["fragmented", "mp4"],
+        default="fragmented",
+        help="fragmented MP4, written as it is encoded (default), or a plain MP4 written at the end",
+    )
+    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio", help="event loop")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``streamvae``."""
+    from streamvae.demo import DEMO_FPS
+
+    parser = argparse.ArgumentParser(prog="streamvae", description="Stream a video VAE's decode into MP4.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="decode the embedded seeded demo VAE (no download)")
+    demo.add_argument("-o", "--output", type=Path, default=Path("demo.mp4"), help="default demo.mp4")
+    demo.add_argument("--frames", type=int, default=65, help="1 + 4k frames (default 65)")
+    demo.add_argument("--size", type=int, default=256, help="width = height, a multiple of 16 (default 256)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the latent (default 0)")
+    _add_encode_options(demo, fps=DEMO_FPS)
+    demo.set_defaults(run=lambda args: _run_job(args, _demo_job))
+
+    decode = commands.add_parser("decode", help="decode saved latents with a local diffusers VAE")
+    decode.add_argument("latents", type=Path, help="a .pt or .safetensors file with the latent")
+    decode.add_argument("-o", "--output", type=Path, required=True, help="OUT.mp4 (OUT-0.mp4, … for a batch)")
+    decode.add_argument("--vae", type=Path, required=True, help="a diffusers VAE directory (save_pretrained)")
+    decode.add_argument("--subfolder", help="the VAE's folder inside --vae (a pipeline's: vae)")
+    decode.add_argument("--key", help="the tensor's name, when the file holds several")
+    decode.add_argument("--audio", type=Path, help="a 16-bit PCM WAV to mux as AAC into every output")
+    decode.add_argument("--tile", action="store_true", help="decode in spatial tiles (vae.enable_tiling())")
+    decode.add_argument(
+        "--denormalize",
+        action="store_true",
+        help="the latents are a Wan pipeline's output_type='latent' (normalized): de-normalize first",
+    )
+    decode.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    decode.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    _add_encode_options(decode, fps=16)
+    decode.set_defaults(run=lambda args: _run_job(args, _decode_job))
+
+    serve = commands.add_parser("serve", help="serve the demo: a page with a video streamed as it decodes")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--max-concurrent", type=int, default=8, help="decodes at once (default 8)")
+    serve.add_argument("--max-queued", type=int, default=16, help="requests waiting; more get 503")
+    serve.add_argument(
+        "--stall-timeout", type=float, default=30.0, help="cut off a reader idle this many seconds"
+    )
+    serve.set_defaults(run=_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (1 for a problem with the input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.run(args)
+    except CliError as error:
+        print(f"streamvae: error: {error}", file=sys.stderr)
+        return 1
+    except av.error.FFmpegError as error:  # a codec option FFmpeg rejects (--preset, --crf)
+        print(f"streamvae: error: the encoder failed: {error}", file=sys.stderr)
+        return 1
+    return status

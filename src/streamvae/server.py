@@ -1,0 +1,398 @@
+"""The streaming server: a Starlette app that sends each decode to the client as fragmented MP4 while it runs.
+
+``GET /`` is a page with a ``<video>`` element and a form (frames, size, seed); ``GET /video.mp4?frames=
+&size=&seed=`` decodes the embedded demo latent (or your own, see :func:`create_app`) and streams the MP4 as
+each fragment is written; ``GET /stats`` reports the decodes in flight. Mount :func:`create_app`'s app in
+your own ASGI server, or run ``streamvae serve`` (uvicorn).
+
+Admission: at most ``max_concurrent`` decodes run at once and at most ``max_queued`` requests wait for one,
+first come first served; a request beyond both is answered 503 with ``Retry-After`` at once, because a
+client is better off retrying later than holding a connection in a queue it cannot see.
+
+Every response ends its decode: a client that disconnects (while queued or streaming) cancels it, and so
+does a reader that accepts no bytes for ``stall_timeout`` seconds — otherwise one stalled client would
+hold a decode slot, and with it the accelerator, for as long as it likes. The decode then stops at its next
+chunk and its session closes (no container, thread or slot outlives the request).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import anyio
+from starlette.applications import Starlette
+from starlette.datastructures import QueryParams
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+from torch import Tensor
+
+from streamvae.decode import stream_mp4
+from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
+from streamvae.encode import open_containers
+
+__all__ = ["ServerEvent", "ServerStats", "VideoRequest", "create_app"]
+
+logger = logging.getLogger("streamvae.server")
+
+
+@dataclass(frozen=True)
+class VideoRequest:
+    """What a client asked for in ``/video.mp4``'s query string."""
+
+    frames: int
+    size: int
+    seed: int
+
+
+@dataclass
+class ServerStats:
+    """Counters of the video endpoint (``GET /stats`` returns them, with ``open_containers``)."""
+
+    #: decodes running now (each holds a slot)
+    active: int = 0
+    #: requests waiting for a slot
+    queued: int = 0
+    #: responses sent to the end
+    completed: int = 0
+    #: clients that went away before the end (queued or streaming)
+    disconnected: int = 0
+    #: readers cut off after ``stall_timeout`` seconds without accepting bytes
+    stalled: int = 0
+    #: decodes that failed (the response is cut short, or a 500 before the first byte)
+    failed: int = 0
+    #: requests answered 503 because the slots and the queue were full
+    rejected: int = 0
+
+
+EventKind = Literal["queued", "started", "completed", "disconnected", "stalled", "failed", "rejected"]
+
+
+@dataclass(frozen=True)
+class ServerEvent:
+    """One step of one request's life, for ``on_event`` (metrics, logs, tests).
+
+    ``queued`` → ``started`` (it holds a slot) → one of ``completed``, ``disconnected``, ``stalled``,
+    ``failed``; or ``rejected`` alone. An ending event is sent once the request's decode has stopped and
+    its session is closed.
+    """
+
+    kind: EventKind
+    request: VideoRequest
+    #: the request's number, counted from 1 per app
+    number: int
+
+
+_INDEX = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>streamvae</title>
+<style>
+  body { font: 15px system-ui, sans-serif; margin: 1.5rem 2rem; color: #222; background: #fafafa; }
+  h1 { margin: 0 0 .5rem; }
+  video { width: 384px; height: 384px; background: #111; display: block; margin-bottom: 1rem; }
+  form { display: flex; gap: 1rem; align-items: end; }
+  label { display: flex; flex-direction: column; gap: .25rem; }
+  input { width: 6rem; }
+  #status { margin-top: 1rem; color: #555; font-variant-numeric: tabular-nums; }
+</style>
+</head>
+<body>
+<h1>streamvae</h1>
+<p>A video VAE decodes on the server; each fragment of the MP4 is sent as soon as it is encoded.</p>
+<video id="video" controls muted autoplay playsinline></video>
+<form id="form">
+  <label>frames <input name="frames" type="number" min="1" max="__MAX_FRAMES__" step="4" value="33"></label>
+  <label>size <input name="size" type="number" min="16" max="__MAX_SIZE__" step="16" value="128"></label>
+  <label>seed <input name="seed" type="number" min="0" value="0"></label>
+  <button type="submit">Decode</button>
+</form>
+<div id="status"></div>
+<script>
+  const form = document.getElementById("form");
+  const video = document.getElementById("video");
+  const status = document.getElementById("status");
+  // Values given in the page's own query string (/?frames=65&size=256) fill the form.
+  for (const [key, value] of new URLSearchParams(location.search)) {
+    if (form.elements[key]) form.elements[key].value = value;
+  }
+  let started = 0;
+  function play() {
+    const query = new URLSearchParams(new FormData(form)).toString();
+    started = performance.now();
+    status.textContent = "decoding…";
+    video.src = "video.mp4?" + query;
+    video.play().catch(() => {});
+  }
+  video.addEventListener("loadeddata", () => {
+    const ms = Math.round(performance.now() - started);
+    status.textContent = `first frame after ${ms} ms (${video.videoWidth}×${video.videoHeight})`;
+  });
+  video.addEventListener("ended", () => {
+    status.textContent += `, ${video.duration.toFixed(2)} s of video`;
+  });
+  video.addEventListener("error", () => {
+    status.textContent = "error: " + (video.error && video.error.message);
+  });
+  form.addEventListener("submit", (event) => { event.preventDefault(); play(); });
+  play();
+</script>
+</body>
+</html>
+"""
+
+
+def create_app(
+    *,
+    vae: Any | None = None,
+    latents: Callable[[VideoRequest], Tensor] | None = None,
+    fps: float = DEMO_FPS,
+    max_concurrent: int = 8,
+    max_queued: int = 16,
+    stall_timeout: float = 30.0,
+    retry_after: int = 5,
+    max_frames: int = 257,
+    max_size: int = 512,
+    session_options: dict[str, Any] | None = None,
+    on_event: Callable[[ServerEvent], None] | None = None,
+) -> Starlette:
+    """The streaming app: ``/`` (page), ``/video.mp4`` (the decode, streamed) and ``/stats``.
+
+    - ``vae``: what decodes (a diffusers VAE streamvae supports, or any
+      :class:`streamvae.SupportsChunkedVAEDecode`); default the embedded :func:`streamvae.demo.demo_vae`.
+      One instance serves every request: the adapters keep their decoder caches per decode.
+    - ``latents``: builds the latent for a request; it runs in a worker thread. Default
+      :func:`streamvae.demo.demo_latent` with the request's frames, size and seed (frames must be 1 + 4k,
+      size a multiple of 16, at most ``max_frames`` / ``max_size``).
+    - ``max_concurrent``: decodes at once (also the worker threads decoding); ``max_queued``: requests
+      that wait for a slot; more get 503 with ``Retry-After: retry_after``.
+    - ``stall_timeout``: seconds a reader may take to accept a piece of the MP4 before it is cut off.
+    - ``session_options``: extra :class:`streamvae.ChunkedVideoMP4Session` options (codec options, ...).
+    - ``on_event``: called on the server's event loop with each :class:`ServerEvent`; keep it quick.
+
+    The app's ``state.stats`` is the :class:`ServerStats` that ``/stats`` reports.
+    """
+    for name, value in (
+        ("max_concurrent", max_concurrent),
+        ("max_frames", max_frames),
+        ("max_size", max_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 0:
+        raise ValueError(f"max_queued must be an int >= 0, got {max_queued!r}")
+    if not stall_timeout > 0:
+        raise ValueError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
+    endpoint = _VideoEndpoint(
+        vae=vae if vae is not None else demo_vae(),
+        latents=latents if latents is not None else _demo_latent,
+        fps=fps,
+        max_concurrent=max_concurrent,
+        max_queued=max_queued,
+        stall_timeout=stall_timeout,
+        retry_after=retry_after,
+        limits=(max_frames, max_size),
+        session_options=dict(session_options or {}),
+        on_event=on_event,
+    )
+    page = _INDEX.replace("__MAX_FRAMES__", str(max_frames)).replace("__MAX_SIZE__", str(max_size))
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse({**asdict(endpoint.stats), "open_containers": open_containers()})
+
+    app = Starlette(
+        routes=[
+            Route("/", index),
+            Route("/video.mp4", endpoint, methods=["GET"]),
+            Route("/stats", stats),
+        ]
+    )
+    app.state.stats = endpoint.stats
+    return app
+
+
+def _demo_latent(request: VideoRequest) -> Tensor:
+    return demo_latent(request.frames, request.size, request.seed)
+
+
+class _Stalled(Exception):
+    """The reader accepted no bytes for ``stall_timeout`` seconds."""
+
+
+class _VideoEndpoint:
+    """``GET /video.mp4``, a plain ASGI app: it needs the ``receive`` channel to notice a disconnect."""
+
+    def __init__(
+        self,
+        *,
+        vae: Any,
+        latents: Callable[[VideoRequest], Tensor],
+        fps: float,
+        max_concurrent: int,
+        max_queued: int,
+        stall_timeout: float,
+        retry_after: int,
+        limits: tuple[int, int],
+        session_options: dict[str, Any],
+        on_event: Callable[[ServerEvent], None] | None,
+    ) -> None:
+        self.vae = vae
+        self.latents = latents
+        self.fps = fps
+        self.max_concurrent = max_concurrent
+        self.max_queued = max_queued
+        self.stall_timeout = stall_timeout
+        self.retry_after = retry_after
+        self.limits = limits
+        self.session_options = session_options
+        self.on_event = on_event
+        self.stats = ServerStats()
+        self.requests = 0
+        # Made by the first request, on the loop that serves the app (the app may be built in another).
+        self._slots: anyio.Semaphore | None = None
+        self._decode_limiter: anyio.CapacityLimiter | None = None
+
+    @property
+    def slots(self) -> anyio.Semaphore:
+        """One token per decode at once; FIFO, so queued requests start in the order they came."""
+        if self._slots is None:
+            self._slots = anyio.Semaphore(self.max_concurrent)
+        return self._slots
+
+    @property
+    def decode_limiter(self) -> anyio.CapacityLimiter:
+        """Every decode thread (and latent build) of the app: never anyio's default limiter, which the
+        ASGI server's own thread pool shares."""
+        if self._decode_limiter is None:
+            self._decode_limiter = anyio.CapacityLimiter(self.max_concurrent)
+        return self._decode_limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            request = self._parse(QueryParams(scope.get("query_string", b"")))
+        except ValueError as error:
+            await PlainTextResponse(f"{error}\n", status_code=400)(scope, receive, send)
+            return
+        self.requests += 1
+        number = self.requests
+        if self.stats.active + self.stats.queued >= self.max_concurrent + self.max_queued:
+            self.stats.rejected += 1
+            self._emit("rejected", request, number)
+            busy = PlainTextResponse(
+                "busy: every decode slot and queue place is taken, retry later\n",
+                status_code=503,
+                headers={"Retry-After": str(self.retry_after)},
+            )
+            await busy(scope, receive, send)
+            return
+        self.stats.queued += 1  # no await since the check above: the count cannot be overtaken
+        self._emit("queued", request, number)
+        outcome: EventKind = "disconnected"
+        started = False
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._cancel_on_disconnect, receive, group.cancel_scope)
+                async with self.slots:
+                    self.stats.queued -= 1
+                    self.stats.active += 1
+                    started = True
+                    self._emit("started", request, number)
+                    outcome = await self._stream(request, scope, send)
+                group.cancel_scope.cancel()  # the response is over: stop watching for a disconnect
+        finally:
+            if started:
+                self.stats.active -= 1
+            else:
+                self.stats.queued -= 1
+            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+            self._emit(outcome, request, number)
+
+    def _parse(self, query: QueryParams) -> VideoRequest:
+        values: dict[str, int] = {}
+        for name, default in (("frames", 33), ("size", 128), ("seed", 0)):
+            text = query.get(name, str(default))
+            try:
+                values[name] = int(text)
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, got {text!r}") from None
+        request = VideoRequest(**values)
+        max_frames, max_size = self.limits
+        if request.frames > max_frames or request.size > max_size:
+            raise ValueError(f"at most {max_frames} frames of at most {max_size}×{max_size} pixels")
+        if request.seed < 0:
+            raise ValueError(f"seed must be >= 0, got {request.seed}")
+        if self.latents is _demo_latent:
+            check_demo_request(request.frames, request.size)
+        return request
+
+    @staticmethod
+    async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message: Message = await receive()
+            if message["type"] == "http.disconnect":
+                scope.cancel()
+                return
+
+    async def _stream(self, request: VideoRequest, scope: Scope, send: Send) -> EventKind:
+        """Decode ``request`` and send its MP4 as it is written; return how the response ended."""
+        started = False
+        try:
+            z = await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)
+            options = {"fps": self.fps, **self.session_options}
+            async with stream_mp4(self.vae, z, decode_limiter=self.decode_limiter, **options) as (video,):
+                del z
+                async for data in video:
+                    if not started:
+                        # Headers go with the first bytes, so a decode that fails at once is still a 500.
+                        await self._send(send, _response_start())
+                        started = True
+                    await self._send(send, {"type": "http.response.body", "body": data, "more_body": True})
+            await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
+        except _Stalled:
+            logger.warning("cut off a reader that accepted nothing for %s s", self.stall_timeout)
+            return "stalled"  # the response stays incomplete: the server closes the connection
+        except Exception:
+            logger.exception("the decode of %s failed", request)
+            if not started:
+                await PlainTextResponse("the decode failed\n", status_code=500)(scope, _no_receive, send)
+            return "failed"
+        return "completed"
+
+    async def _send(self, send: Send, message: Message) -> None:
+        # A send waits while the client's TCP window is full: that wait is what a stalled reader costs.
+        try:
+            with anyio.fail_after(self.stall_timeout):
+                await send(message)
+        except TimeoutError:
+            raise _Stalled from None
+
+    def _emit(self, kind: EventKind, request: VideoRequest, number: int) -> None:
+        if self.on_event is not None:
+            self.on_event(ServerEvent(kind, request, number))
+
+
+def _response_start() -> Message:
+    return {
+        "type": "http.response.start",
+        "status": 200,
+        "headers": [(b"content-type", b"video/mp4"), (b"cache-control", b"no-store")],
+    }
+
+
+async def _no_receive() -> Message:
+    return {"type": "http.disconnect"}
+
+
+def serve(*, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", **app_options: Any) -> None:
+    """Run :func:`create_app`'s app under uvicorn until interrupted (``streamvae serve``)."""
+    import uvicorn
+
+    uvicorn.run(create_app(**app_options), host=host, port=port, log_level=log_level)

@@ -1,0 +1,252 @@
+"""The ``streamvae`` command: demo, decode from saved latents with a saved VAE, and its input errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from streamvae import quantize_chunk
+from streamvae.cli import main
+from tests._media import bt709_luma, read_luma, read_mp4
+from tests._vaes import latent, tiny_wan21
+
+FAST = ["--crf", "23", "--preset", "ultrafast", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def vae_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny_wan21 saved the way diffusers saves a VAE (``save_pretrained``)."""
+    directory = tmp_path_factory.mktemp("vae")
+    tiny_wan21().save_pretrained(directory)
+    return directory
+
+
+def write_wav(path: Path, seconds: float, rate: int = 16000, channels: int = 1) -> None:
+    samples = (np.sin(np.linspace(0, 440 * seconds, int(rate * seconds))) * 12000).astype("<i2")
+    with wave.open(str(path), "wb") as wav:
+        wav.setnchannels(channels)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes(np.repeat(samples[:, None], channels, axis=1).tobytes())
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_demo_writes_a_playable_mp4_and_a_summary(
+    backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "demo.mp4"
+    args = ["demo", "-o", str(output), "--frames", "17", "--size", "64", "--backend", backend]
+    assert main(args) == 0
+    video = read_mp4(output.read_bytes())
+    assert video.frames.shape == (17, 64, 64, 3)
+    assert video.fps == 16
+    out, err = capsys.readouterr()
+    assert f"{output}: 17 frames 64×64 in " in out and "first byte after " in out
+    assert "frames decoded" in err and "frames encoded" in err and "17/17" in err  # the progress bar
+
+
+def test_demo_as_a_plain_mp4(tmp_path: Path) -> None:
+    output = tmp_path / "plain.mp4"
+    assert (
+        main(["demo", "-o", str(output), "--frames", "9", "--size", "32", "--container", "mp4", *FAST]) == 0
+    )
+    data = output.read_bytes()
+    assert b"moof" not in data  # one moov, no fragments
+    assert read_mp4(data).frames.shape == (9, 32, 32, 3)
+
+
+@pytest.mark.parametrize("kind", ["pt", "safetensors"])
+def test_decode_reads_latents_and_a_saved_vae(kind: str, vae_dir: Path, tmp_path: Path) -> None:
+    vae = tiny_wan21()
+    z = latent(vae, frames=3)
+    if kind == "pt":
+        source = tmp_path / "latents.pt"
+        torch.save(z, source)
+        key: list[str] = []
+    else:  # several tensors: the latent is picked by name
+        source = tmp_path / "latents.safetensors"
+        save_file({"noise": torch.zeros(2), "video_latents": z.contiguous()}, str(source))
+        key = ["--key", "video_latents"]
+    output = tmp_path / "out.mp4"
+    args = ["decode", str(source), "-o", str(output), "--vae", str(vae_dir), "--tile", "--fps", "8", *key]
+    assert main([*args, "--crf", "0", "--quiet"]) == 0  # crf 0: lossless luma
+    data = output.read_bytes()
+    video = read_mp4(data)
+    assert video.frames.shape == (9, 64, 64, 3)
+    assert video.fps == 8
+    with torch.no_grad():
+        expected = quantize_chunk(vae.decode(z).sample, (-1, 1)).numpy()[0]
+    # The saved VAE's weights decoded the saved latent: the luma is that of its own decode.
+    assert np.abs(read_luma(data).astype(int) - bt709_luma(expected).astype(int)).max() <= 1
+
+
+def test_decode_writes_one_mp4_per_batch_entry_with_the_audio(
+    vae_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "batch.pt"
+    torch.save({"latents": latent(tiny_wan21(), batch=2, frames=2)}, source)
+    audio = tmp_path / "tone.wav"
+    write_wav(audio, seconds=2.0, channels=2)
+    args = [
+        "decode",
+        str(source),
+        "-o",
+        str(tmp_path / "out.mp4"),
+        "--vae",
+        str(vae_dir),
+        "--audio",
+        str(audio),
+    ]
+    assert main([*args, *FAST]) == 0
+    assert not (tmp_path / "out.mp4").exists()
+    for entry in range(2):
+        video = read_mp4((tmp_path / f"out-{entry}.mp4").read_bytes())
+        assert video.frames.shape == (5, 64, 64, 3)
+        assert video.audio_channels == 2
+        assert video.audio_duration == pytest.approx(5 / 16, abs=0.07)  # trimmed to the video
+    assert "out-0.mp4, " in capsys.readouterr().out
+
+
+def test_decode_without_a_batch_dimension_is_one_entry(vae_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "single.pt"
+    torch.save(latent(tiny_wan21(), frames=2)[0], source)  # [C, T, H, W]
+    output = tmp_path / "single.mp4"
+    assert main(["decode", str(source), "-o", str(output), "--vae", str(vae_dir), *FAST]) == 0
+    assert read_mp4(output.read_bytes()).frames.shape == (5, 64, 64, 3)
+
+
+def test_decode_denormalizes_a_pipelines_latents_on_request(vae_dir: Path, tmp_path: Path) -> None:
+    vae = tiny_wan21()
+    z = latent(vae, frames=2)
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    torch.save(z, tmp_path / "raw.pt")
+    torch.save((z - mean) / std, tmp_path / "normalized.pt")  # what output_type="latent" hands out
+    common = ["--vae", str(vae_dir), "--crf", "0", "--quiet"]
+    assert main(["decode", str(tmp_path / "raw.pt"), "-o", str(tmp_path / "raw.mp4"), *common]) == 0
+    normalized = [
+        "decode",
+        str(tmp_path / "normalized.pt"),
+        "-o",
+        str(tmp_path / "norm.mp4"),
+        "--denormalize",
+    ]
+    assert main([*normalized, *common]) == 0
+    raw, norm = (read_luma((tmp_path / name).read_bytes()).astype(int) for name in ("raw.mp4", "norm.mp4"))
+    assert np.abs(raw - norm).max() <= 2
+
+
+def _not_a_vae(tmp_path: Path) -> Path:
+    directory = tmp_path / "unet"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"_class_name": "UNet2DModel"}))
+    return directory
+
+
+def _pipeline(tmp_path: Path) -> Path:
+    directory = tmp_path / "pipeline"
+    (directory / "vae").mkdir(parents=True)
+    (directory / "vae" / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLWan"}))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("latents", "vae", "extra", "message"),
+    [
+        ("missing.pt", "VAE", [], "latents file .*missing.pt does not exist"),
+        ("latents.npy", "VAE", [], "must be .pt .* or .safetensors"),
+        ("flat.pt", "VAE", [], r"\[batch, channels, frames, height, width\].*\(16, 5\)"),
+        ("channels.pt", "VAE", [], "has 4 channels .* takes 16"),
+        ("pair.pt", "VAE", [], "several tensors .*a, b.*--key"),
+        ("pair.pt", "VAE", ["--key", "c"], "no tensor 'c'"),
+        ("latents.pt", "nowhere", [], "VAE directory .*nowhere does not exist"),
+        ("latents.pt", "EMPTY", [], "not a diffusers VAE directory: it has no config.json"),
+        ("latents.pt", "PIPELINE", [], "add --subfolder vae"),
+        ("latents.pt", "UNET", [], "holds a UNet2DModel, not a VAE streamvae decodes"),
+        ("latents.pt", "VAE", ["--audio", "missing.wav"], "audio file .*missing.wav does not exist"),
+    ],
+)
+def test_decode_reports_bad_input_in_one_line(
+    latents: str,
+    vae: str,
+    extra: list[str],
+    message: str,
+    vae_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    torch.save(latent(tiny_wan21(), frames=2), tmp_path / "latents.pt")
+    (tmp_path / "latents.npy").write_bytes(b"\x93NUMPY")
+    torch.save(torch.zeros(16, 5), tmp_path / "flat.pt")
+    torch.save(torch.zeros(1, 4, 2, 8, 8), tmp_path / "channels.pt")
+    torch.save({"a": torch.zeros(1), "b": torch.zeros(1)}, tmp_path / "pair.pt")
+    (tmp_path / "empty").mkdir()
+    directories = {
+        "VAE": vae_dir,
+        "EMPTY": tmp_path / "empty",
+        "PIPELINE": _pipeline(tmp_path),
+        "UNET": _not_a_vae(tmp_path),
+    }
+    vae_path = directories.get(vae, tmp_path / vae)
+    extra = [str(tmp_path / e) if e.endswith(".wav") else e for e in extra]
+    args = [
+        "decode",
+        str(tmp_path / latents),
+        "-o",
+        str(tmp_path / "out.mp4"),
+        "--vae",
+        str(vae_path),
+        *extra,
+    ]
+    assert main([*args, "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("streamvae: error: ") and err.count("\n") == 1
+    assert re.search(message, err), err
+    assert not (tmp_path / "out.mp4").exists()
+
+
+def test_demo_rejects_a_size_the_vae_cannot_make(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--size", "100", "--quiet"]) == 1
+    assert "multiple of 16" in capsys.readouterr().err
+
+
+def test_an_encoder_option_ffmpeg_rejects_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["demo", "-o", str(tmp_path / "x.mp4"), "--frames", "5", "--size", "32", "--preset", "nope", "-q"]
+    assert main(args) == 1
+    assert capsys.readouterr().err.startswith("streamvae: error: the encoder failed")
+
+
+def test_python_m_streamvae_runs_without_rich_starlette_or_uvicorn(tmp_path: Path) -> None:
+    """The library and the CLI import none of the optional packages unless ``serve`` is used."""
+    output = tmp_path / "bare.mp4"
+    script = f"""
+import runpy, sys
+for name in ("rich", "starlette", "uvicorn", "httpx"):
+    sys.modules[name] = None  # importing it now raises ImportError
+sys.argv = ["streamvae", "demo", "-o", {str(output)!r}, "--frames", "5", "--size", "32"]
+try:
+    runpy.run_module("streamvae", run_name="__main__")
+except SystemExit as exit:
+    assert exit.code == 0, exit.code
+sys.argv = ["streamvae", "serve"]
+try:
+    runpy.run_module("streamvae", run_name="__main__")
+except SystemExit as exit:
+    assert exit.code == 1, exit.code
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "5 frames 32×32" in result.stdout  # the summary, without a progress bar
+    assert "pip install 'streamvae[serve]'" in result.stderr
+    assert read_mp4(output.read_bytes()).frames.shape == (5, 32, 32, 3)

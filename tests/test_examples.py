@@ -1,0 +1,44 @@
+"""The examples run: a caller-owned producer loop pushing clips, and the app mounted in another app."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import httpx
+import pytest
+
+from tests._media import read_mp4
+from tests._server import running_server
+
+pytestmark = pytest.mark.anyio
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_the_producer_loop_pushes_one_clip_per_iteration(tmp_path: Path) -> None:
+    output = tmp_path / "clips.mp4"
+    frames = await load_example("producer_loop").generate(output, iterations=2, size=32)
+    assert frames == 26
+    assert read_mp4(output.read_bytes()).frames.shape == (26, 32, 32, 3)
+
+
+async def test_the_mounted_app_serves_its_page_video_and_the_host_routes() -> None:
+    app = load_example("asgi_app").app
+    with running_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            health = (await client.get("/health")).json()
+            page = await client.get("/streamvae/")
+            video = await client.get("/streamvae/video.mp4?frames=5&size=32")
+    assert health == {"ok": True, "decoding": 0, "waiting": 0}
+    assert page.status_code == 200 and "<video" in page.text
+    assert video.status_code == 200 and read_mp4(video.content).frames.shape == (5, 32, 32, 3)

@@ -1,0 +1,244 @@
+"""The streaming server end to end: uvicorn on 127.0.0.1, httpx clients on asyncio and trio."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import anyio
+import httpx
+import numpy as np
+import pytest
+
+from streamvae.demo import demo_vae
+from streamvae.encode import open_containers
+from streamvae.models import chunked_decoder
+from streamvae.server import create_app
+from tests._media import foreign_threads, read_mp4
+from tests._server import EventLog, GatedDecoder, running_server
+
+pytestmark = pytest.mark.anyio
+
+PINNED = {"video_codec_options": {"threads": "1"}}
+
+
+@pytest.fixture
+def events() -> EventLog:
+    return EventLog()
+
+
+@pytest.fixture
+def gated() -> Iterator[GatedDecoder]:
+    decoder = GatedDecoder(chunked_decoder(demo_vae()))
+    yield decoder
+    decoder.gate.set()  # never leave a decode paused behind a failed test
+
+
+async def wait_for(events: EventLog, kind: str, count: int = 1) -> None:
+    await anyio.to_thread.run_sync(lambda: events.wait_for(kind, count))
+
+
+async def fetch(client: httpx.AsyncClient, url: str) -> bytes:
+    async with client.stream("GET", url) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "video/mp4"
+        return b"".join([data async for data in response.aiter_raw()])
+
+
+async def test_bytes_arrive_while_the_decode_runs_and_the_body_holds_every_frame(
+    events: EventLog, gated: GatedDecoder
+) -> None:
+    # 9 latent frames → 33 frames; the decode pauses after 6 chunks (21 frames) until the test has
+    # received a whole fragment (moof) — a server that sent nothing before the end would never get there.
+    gated.pause_after = 6
+    app = create_app(vae=gated, on_event=events, session_options={"keyframe_interval": 4, **PINNED})
+    with running_server(app) as url:
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=120) as client,
+            client.stream("GET", "/video.mp4?frames=33&size=64&seed=1") as response,
+        ):
+            assert response.status_code == 200
+            assert response.headers["content-type"] == "video/mp4"
+            body = response.aiter_raw()
+            pieces: list[bytes] = []
+            while b"moof" not in b"".join(pieces):
+                pieces.append(await anext(body))
+            assert gated.running == 1 and gated.published <= 6  # the decode has not passed the pause
+            gated.gate.set()
+            pieces.extend([data async for data in body])
+        await wait_for(events, "completed")
+    video = read_mp4(b"".join(pieces))
+    assert video.frames.shape == (33, 64, 64, 3)
+    assert gated.published == 9
+
+
+async def test_a_client_that_leaves_mid_stream_leaves_no_session_thread_or_slot(
+    events: EventLog, gated: GatedDecoder
+) -> None:
+    app = create_app(vae=gated, on_event=events, session_options={"keyframe_interval": 4, **PINNED})
+    with running_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            await fetch(client, "/video.mp4?frames=5&size=32")  # warm the pools for the thread baseline
+            baseline = foreign_threads()
+            published = gated.published
+            gated.pause_after = 6  # the first fragment is out by then
+            async with client.stream("GET", "/video.mp4?frames=65&size=64") as response:
+                async for _ in response.aiter_raw():
+                    break  # the first bytes, then the client goes away while the decode is paused
+            await wait_for(events, "disconnected")
+            stats = (await client.get("/stats")).json()
+    assert gated.running == 0
+    assert gated.published - published <= 7  # of 17 chunks: the decode stopped at the next one
+    assert stats["active"] == 0 and stats["queued"] == 0 and stats["open_containers"] == 0
+    assert stats["completed"] == 1 and stats["disconnected"] == 1
+    assert open_containers() == 0
+    assert foreign_threads() <= baseline
+
+
+async def test_eight_concurrent_requests_each_get_their_own_decode(
+    events: EventLog, gated: GatedDecoder
+) -> None:
+    # Every decode pauses after its first chunk until all eight hold a slot: they really run at once.
+    gated.pause_after = 1
+    app = create_app(vae=gated, on_event=events, max_concurrent=8, max_queued=0, session_options=PINNED)
+    bodies: dict[int, bytes] = {}
+    with running_server(app) as url:
+        limits = httpx.Limits(max_connections=8)
+        async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+
+            async def get(seed: int) -> None:
+                bodies[seed] = await fetch(client, f"/video.mp4?frames=9&size=32&seed={seed}")
+
+            async with anyio.create_task_group() as group:
+                for seed in range(8):
+                    group.start_soon(get, seed)
+                await wait_for(events, "started", 8)
+                assert app.state.stats.active == 8
+                gated.gate.set()
+            await wait_for(events, "completed", 8)
+    videos = [read_mp4(bodies[seed]).frames for seed in range(8)]
+    assert all(v.shape == (9, 32, 32, 3) for v in videos)
+    # Each seed's latent is different, so each response is its own video, not a shared one.
+    assert all(not np.array_equal(videos[0], other) for other in videos[1:])
+    assert open_containers() == 0
+
+
+async def test_requests_beyond_the_slots_and_the_queue_get_503_with_retry_after(
+    events: EventLog, gated: GatedDecoder
+) -> None:
+    gated.pause_after = 1
+    app = create_app(
+        vae=gated, on_event=events, max_concurrent=1, max_queued=1, retry_after=7, session_options=PINNED
+    )
+    bodies: list[bytes] = []
+    with running_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+            async def get() -> None:
+                bodies.append(await fetch(client, "/video.mp4?frames=9&size=32"))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(get)
+                await wait_for(events, "started")  # the first request holds the only slot
+                group.start_soon(get)
+                await wait_for(events, "queued", 2)  # the second waits in the queue
+                busy = await client.get("/video.mp4?frames=9&size=32")
+                assert busy.status_code == 503
+                assert busy.headers["retry-after"] == "7"
+                gated.gate.set()
+            stats = (await client.get("/stats")).json()
+    assert [read_mp4(body).frames.shape[0] for body in bodies] == [9, 9]
+    assert stats["rejected"] == 1 and stats["completed"] == 2 and stats["active"] == 0
+
+
+async def test_a_reader_that_stalls_is_cut_off_and_its_decode_cancelled(events: EventLog) -> None:
+    decoder = GatedDecoder(chunked_decoder(demo_vae()))  # never paused: it only counts chunks
+    # Lossless frames make a large body, small socket buffers let it fill them soon.
+    lossless = {"video_codec_options": {"qp": "0", "threads": "1"}, "keyframe_interval": 4}
+    app = create_app(vae=decoder, on_event=events, stall_timeout=0.5, session_options=lossless)
+    with running_server(app, send_buffer=4096) as url:
+        port = int(url.rsplit(":", 1)[1])
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            await anyio.to_thread.run_sync(client.connect, ("127.0.0.1", port))
+            request = b"GET /video.mp4?frames=129&size=128 HTTP/1.1\r\nHost: test\r\n\r\n"
+            await anyio.to_thread.run_sync(client.sendall, request)
+            head = await anyio.to_thread.run_sync(client.recv, 64)
+            assert head.startswith(b"HTTP/1.1 200")
+            # ... and the client reads nothing more.
+            await wait_for(events, "stalled")
+        finally:
+            client.close()
+        stats = app.state.stats
+        assert stats.active == 0 and stats.stalled == 1
+    assert decoder.running == 0
+    assert decoder.published < 33  # the decode was cancelled, not run to the end
+    assert open_containers() == 0
+
+
+async def test_a_decode_that_fails_before_its_first_byte_is_a_500(events: EventLog) -> None:
+    app = create_app(on_event=events, session_options={"video_codec_options": {"preset": "nope"}})
+    with running_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            response = await client.get("/video.mp4?frames=5&size=32")
+            stats = (await client.get("/stats")).json()
+    assert response.status_code == 500
+    assert stats["failed"] == 1 and stats["active"] == 0 and stats["open_containers"] == 0
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("frames=6", "1 + 4k"),
+        ("size=100", "multiple of 16"),
+        ("frames=many", "integer"),
+        ("frames=1001", "at most"),
+        ("seed=-1", "seed"),
+    ],
+)
+async def test_bad_video_parameters_are_a_400_that_names_the_problem(query: str, message: str) -> None:
+    with running_server(create_app()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            response = await client.get(f"/video.mp4?{query}")
+    assert response.status_code == 400
+    assert message in response.text
+
+
+async def test_the_page_has_a_video_element_and_a_form() -> None:
+    with running_server(create_app()) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            page = await client.get("/")
+            stats = await client.get("/stats")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for needle in ("<video", "<form", 'name="frames"', 'name="size"', 'name="seed"', "video.mp4?"):
+        assert needle in page.text
+    assert stats.json() == {
+        "active": 0,
+        "queued": 0,
+        "completed": 0,
+        "disconnected": 0,
+        "stalled": 0,
+        "failed": 0,
+        "rejected": 0,
+        "open_containers": open_containers(),
+    }
+
+
+def test_create_app_rejects_bad_limits() -> None:
+    for options in ({"max_concurrent": 0}, {"max_queued": -1}, {"stall_timeout": 0}):
+        with pytest.raises(ValueError, match=next(iter(options))):
+            create_app(**options)  # type: ignore[arg-type]
+
+
+async def test_the_app_mounts_under_a_prefix_in_another_app(events: EventLog) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    outer = Starlette(routes=[Mount("/streamvae", app=create_app(on_event=events, session_options=PINNED))])
+    with running_server(outer) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120, follow_redirects=True) as client:
+            page = await client.get("/streamvae/")
+            body = await fetch(client, "/streamvae/video.mp4?frames=5&size=32")
+    assert page.status_code == 200 and 'video.src = "video.mp4?' in page.text  # relative: works mounted
+    assert read_mp4(body).frames.shape == (5, 32, 32, 3)
