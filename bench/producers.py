@@ -8,18 +8,20 @@ and, for contrast, LTX-Video with temporal tiling off (one chunk). The latent sp
 For each producer it prints the median over ``--repeats`` runs of: the time to the first chunk, the time of
 the whole streamed decode, the time of ``vae.decode`` on the same latent, and the first-chunk time as a
 fraction of each; and, independent of the machine, the share of decoded latent frames that came before
-the first chunk. ``--markdown PATH`` also writes the table as markdown.
+the first chunk. The table goes into the "producers" section of docs/benchmarks.md.
 
-    .venv/bin/python bench/producers.py --repeats 3 --markdown docs/producers.md
+    .venv/bin/python bench/producers.py --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +32,9 @@ from diffusers import (
     AutoencoderKLLTXVideo,
 )
 from torch import Tensor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import write_section
 
 from streamvae.models import chunked_decoder
 
@@ -166,9 +171,9 @@ def run(producer: Producer, repeats: int) -> dict[str, Any]:
 
 def markdown(rows: list[dict[str, Any]], threads: int, repeats: int) -> str:
     lines = [
-        "# Producers: time to the first chunk",
+        "## Producers: time to the first chunk (`python bench/producers.py`)",
         "",
-        "Written by `bench/producers.py`. Random-weight VAEs with reduced channels and each family's default",
+        "Random-weight VAEs with reduced channels and each family's default",
         f"time walk, CPU float32, {threads} torch thread(s), medians of {repeats} runs after a warm-up.",
         "*First / streamed*: time to the first published chunk over the whole streamed decode; *first /",
         "decode*: the same over `vae.decode` of the same latent; *first step's latents*: latent frames the",
@@ -199,15 +204,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--markdown", help="also write the table to this markdown file")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = [run(producer, args.repeats) for producer in PRODUCERS]
     table = markdown(rows, args.threads, args.repeats)
     print(table)
-    if args.markdown:
-        with open(args.markdown, "w") as file:
-            file.write(table)
+    if not args.no_write:
+        print(f"wrote {write_section('producers', table)}")
 
 
 if __name__ == "__main__":
