@@ -1,0 +1,519 @@
+"""streamvae.distributed: spatial-shard decode across real processes (torch.multiprocessing spawn, gloo).
+
+Each group of ranks runs a list of scenarios in one spawn (importing torch and diffusers costs ~8 s a process
+on a 2-core CPU); every rank runs ``decode_to_mp4`` on asyncio or trio and writes what it saw to a file.
+A hung rank fails the test: the group is joined with a deadline and killed past it, and gloo's own timeout
+is set well below that deadline so a rank stuck in a collective reports an error instead.
+
+The reference is diffusers' ``vae.decode`` in this process with one torch thread, like the ranks: CPU
+kernels split work by thread, so a different thread count alone moves results by float rounding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from _media import read_mp4
+from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
+from torch import Tensor
+
+from streamvae import decode_to_mp4, quantize_chunk
+from streamvae.distributed import PeerDecodeError, ShardedWanDecoder
+from streamvae.models.wan import WanChunkedDecoder
+
+FAMILIES: dict[str, Callable[[], Any]] = {
+    "wan21": tiny_wan21,
+    "wan22": tiny_wan22,
+    "qwen_image": tiny_qwen_image,
+}
+CODEC = {"threads": "1"}  # byte-identical MP4s for identical frames
+GLOO_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective raises after this
+JOIN_TIMEOUT = 300.0  # a group that has not finished by then hung: the test fails
+STALL_TIMEOUT = 3.0  # the process group timeout of the stalled-peer scenario
+STALL_SECONDS = 4 * STALL_TIMEOUT  # how long its stalled rank stops calling collectives
+
+pytestmark = pytest.mark.slow
+
+
+class EncoderFailed(RuntimeError):
+    """The owner's consumer failing at a chosen chunk (what a failed session's push raises)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One sharded decode every rank of a group runs, and what happens to its output rank's consumer."""
+
+    name: str
+    family: str
+    frames: int
+    height: int
+    width: int
+    shard: str = "height"
+    backend: str = "asyncio"
+    output_rank: int = 0
+    exact: bool = False  # measured torch.equal to vae.decode on this CPU (docs/distributed.md, Exactness)
+    fail_at: int | None = None  # the owner's on_chunk raises EncoderFailed at this chunk
+    cancel_at: int | None = None  # the owner's caller is cancelled at this chunk
+    codec_options: dict[str, str] = field(default_factory=lambda: dict(CODEC))
+    plain_decode_in_thread: bool = False  # at chunk 0 the owner decodes the same module unsharded
+    # (rank, "dies" | "stalls", decoder call): that rank exits, or stops calling collectives for
+    # STALL_SECONDS, just before that call of its decoder. It breaks the group: last scenario of a group.
+    peer_fault: tuple[int, str, int] | None = None
+    group_timeout: float | None = None  # decode over a new group with this timeout (seconds)
+
+
+@dataclass
+class RankResult:
+    """What one rank saw in one scenario."""
+
+    rank: int
+    videos: list[bytes] | None = None  # decode_to_mp4's return value, None if it raised or was cancelled
+    error: tuple[str, str] | None = None  # (type name, message) of what decode_to_mp4 raised
+    error_bases: tuple[str, ...] = ()  # names of the error's classes, most derived first
+    peer_chunk: int | None = None  # PeerDecodeError.chunk
+    cancelled: bool = False  # the cancel scope around decode_to_mp4 caught its cancellation
+    chunks: Tensor | None = None  # what on_chunk received, joined along T
+    published: int = 0  # on_chunk calls
+    stats: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    plain_decode: Tensor | None = None  # the unsharded decode run in another thread mid-decode
+
+
+TWO_RANKS = [
+    Scenario("wan21_height", "wan21", 3, 8, 8, exact=True, plain_decode_in_thread=True),
+    Scenario("wan22_height_owner_1", "wan22", 3, 8, 8, backend="trio", output_rank=1, exact=True),
+    Scenario("wan21_width", "wan21", 3, 16, 6, shard="width", backend="trio", exact=True),
+    Scenario("wan22_width_odd", "wan22", 2, 4, 5, shard="width"),
+    Scenario("qwen_image_height", "qwen_image", 2, 8, 8, backend="trio", exact=True),
+    Scenario("wan21_encoder_fails_at_1", "wan21", 4, 8, 8, fail_at=1),
+    Scenario("wan22_caller_cancelled_at_1", "wan22", 4, 8, 8, backend="trio", cancel_at=1),
+    Scenario("wan21_x264_rejects_its_options", "wan21", 4, 8, 8, codec_options={"preset": "no-such-preset"}),
+    Scenario(
+        "wan21_rank_1_stalls", "wan21", 3, 8, 8, peer_fault=(1, "stalls", 2), group_timeout=STALL_TIMEOUT
+    ),
+]
+THREE_RANKS = [
+    Scenario("wan21_uneven_strips", "wan21", 3, 8, 8, backend="trio", exact=True),
+    Scenario("wan22_uneven_strips", "wan22", 2, 7, 8, exact=True),
+    Scenario("wan22_fewer_rows_than_ranks", "wan22", 2, 2, 8, backend="trio"),
+    Scenario("wan22_width_one_column_strips", "wan22", 2, 8, 3, shard="width"),
+    Scenario("wan22_encoder_fails_at_0_owner_2", "wan22", 3, 8, 8, backend="trio", output_rank=2, fail_at=0),
+    Scenario("wan21_caller_cancelled_at_last", "wan21", 3, 8, 8, cancel_at=2),
+    Scenario("wan22_rank_1_dies", "wan22", 3, 8, 8, backend="trio", peer_fault=(1, "dies", 2)),
+]
+SCENARIOS = {s.name: (world, s) for world, group in ((2, TWO_RANKS), (3, THREE_RANKS)) for s in group}
+
+
+# ------------------------------------------------------------------------------------------- in each rank
+
+
+class Recorder:
+    """A protocol decoder that wraps the sharded one and records (or breaks) what its ``on_chunk`` gets."""
+
+    def __init__(self, decoder: ShardedWanDecoder, scenario: Scenario, z: Tensor) -> None:
+        self.decoder = decoder
+        self.scenario = scenario
+        self.z = z
+        self.chunks: list[Tensor] = []
+        self.plain_decode: Tensor | None = None
+        self.chunk_value_range = decoder.chunk_value_range
+        self.latent_channels = decoder.latent_channels
+        self.is_output_rank = decoder.is_output_rank
+        self._scope: anyio.CancelScope | None = None
+
+    def prepare_latents(self, z: Tensor) -> Tensor:
+        return self.decoder.prepare_latents(z)
+
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        def recording(chunk: Tensor) -> None:
+            index = len(self.chunks)
+            self.chunks.append(chunk.clone())
+            if index == 0 and self.scenario.plain_decode_in_thread:
+                self._decode_unsharded_in_another_thread()
+            if index == self.scenario.fail_at:
+                raise EncoderFailed(f"the encoder failed at chunk {index}")
+            if index == self.scenario.cancel_at:
+                assert self._scope is not None
+                anyio.from_thread.run_sync(self._scope.cancel)
+            on_chunk(chunk)
+
+        self.decoder.decode_with_chunks(z, on_chunk=recording)
+
+    def _decode_unsharded_in_another_thread(self) -> None:
+        # This thread's sharded decode is active (its hooks are live) while another thread decodes plainly.
+        chunks: list[Tensor] = []
+        plain = WanChunkedDecoder(self.decoder.vae)
+        worker = threading.Thread(target=lambda: plain.decode_with_chunks(self.z, on_chunk=chunks.append))
+        worker.start()
+        worker.join()
+        self.plain_decode = torch.cat(chunks, dim=2)
+
+    async def run(self) -> list[bytes] | None:
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            return await decode_to_mp4(self, self.z, fps=8, video_codec_options=self.scenario.codec_options)
+        return None
+
+
+def _inject_fault(vae: Any, scenario: Scenario, rank: int) -> None:
+    if scenario.peer_fault is None or scenario.peer_fault[0] != rank:
+        return
+    _, fault, at_call = scenario.peer_fault
+    calls = [0]
+
+    def before_decoder_call(module: Any, args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == at_call and fault == "dies":
+            os._exit(0)  # no cleanup, no goodbye: what a crashed rank looks like to its peers
+        if calls[0] == at_call:
+            time.sleep(STALL_SECONDS)
+
+    vae.decoder.register_forward_pre_hook(before_decoder_call)
+
+
+def _run_scenario(scenario: Scenario, rank: int) -> RankResult:
+    vae = FAMILIES[scenario.family]()
+    z = latent(vae, 1, scenario.frames, scenario.height, scenario.width)
+    group = None
+    if scenario.group_timeout is not None:
+        group = dist.new_group(timeout=timedelta(seconds=scenario.group_timeout))
+    decoder = ShardedWanDecoder(
+        vae,
+        shard=scenario.shard,  # type: ignore[arg-type]
+        output_rank=scenario.output_rank,
+        group=group,
+    )
+    _inject_fault(vae, scenario, rank)
+    recorder = Recorder(decoder, scenario, z)
+    result = RankResult(rank=rank)
+    started = time.monotonic()
+    with contextlib.suppress(Exception):
+        try:
+            result.videos = anyio.run(recorder.run, backend=scenario.backend)
+            result.cancelled = result.videos is None
+        except Exception as error:
+            result.error = (type(error).__name__, str(error))
+            result.error_bases = tuple(cls.__name__ for cls in type(error).__mro__)
+            result.peer_chunk = error.chunk if isinstance(error, PeerDecodeError) else None
+    result.seconds = time.monotonic() - started
+    result.stats = dataclasses.asdict(decoder.stats)
+    result.published = len(recorder.chunks)
+    result.chunks = torch.cat(recorder.chunks, dim=2) if recorder.chunks else None
+    result.plain_decode = recorder.plain_decode
+    return result
+
+
+def _rank_main(rank: int, world: int, folder: str, scenarios: list[Scenario]) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world, timeout=GLOO_TIMEOUT
+    )
+    try:
+        results: dict[str, RankResult] = {}
+        for scenario in scenarios:
+            results[scenario.name] = _run_scenario(scenario, rank)
+            torch.save(results, f"{folder}/rank{rank}.pt")  # a rank that dies later keeps these
+    finally:
+        dist.destroy_process_group()
+
+
+def run_group(world: int, scenarios: list[Scenario], folder: Path) -> dict[str, list[RankResult]]:
+    """Spawn ``world`` ranks that run ``scenarios``; fail the test if any rank hangs or dies."""
+    context = mp.get_context("spawn")
+    ranks = [
+        context.Process(target=_rank_main, args=(rank, world, str(folder), scenarios), daemon=True)
+        for rank in range(world)
+    ]
+    for process in ranks:
+        process.start()
+    deadline = time.monotonic() + JOIN_TIMEOUT
+    for process in ranks:
+        process.join(max(0.0, deadline - time.monotonic()))
+    hung = [rank for rank, process in enumerate(ranks) if process.is_alive()]
+    for process in ranks:
+        if process.is_alive():
+            process.kill()
+            process.join()
+    if hung:
+        pytest.fail(f"ranks {hung} of {world} still running after {JOIN_TIMEOUT:.0f} s: a rank hung")
+    codes = [process.exitcode for process in ranks]
+    assert codes == [0] * world, f"rank exit codes {codes}"
+    per_rank = [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
+    died = RankResult(rank=-1, error=("died", ""))
+    return {s.name: [results.get(s.name, died) for results in per_rank] for s in scenarios}
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[RankResult]]:
+    return run_group(2, TWO_RANKS, tmp_path_factory.mktemp("two_ranks"))
+
+
+@pytest.fixture(scope="module")
+def three_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[RankResult]]:
+    return run_group(3, THREE_RANKS, tmp_path_factory.mktemp("three_ranks"))
+
+
+def results_of(request: pytest.FixtureRequest, name: str) -> tuple[Scenario, list[RankResult]]:
+    world, scenario = SCENARIOS[name]
+    group: dict[str, list[RankResult]] = request.getfixturevalue("two_ranks" if world == 2 else "three_ranks")
+    return scenario, group[name]
+
+
+# ------------------------------------------------------------------------------------------- references
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def reference(scenario: Scenario) -> tuple[Any, Tensor, Tensor]:
+    """The scenario's VAE, latent, and diffusers' single-process ``vae.decode`` of it (one torch thread)."""
+    vae = FAMILIES[scenario.family]()
+    z = latent(vae, 1, scenario.frames, scenario.height, scenario.width)
+    with one_torch_thread(), torch.no_grad():
+        return vae, z, vae.decode(z).sample
+
+
+def owner_of(scenario: Scenario, ranks: list[RankResult]) -> RankResult:
+    return ranks[scenario.output_rank]
+
+
+def others_of(scenario: Scenario, ranks: list[RankResult]) -> list[RankResult]:
+    return [r for r in ranks if r.rank != scenario.output_rank]
+
+
+COMPLETE = [
+    name
+    for name, (_, s) in SCENARIOS.items()
+    if s.fail_at is None and s.cancel_at is None and s.codec_options == CODEC and s.peer_fault is None
+]
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("name", COMPLETE)
+def test_owner_chunks_equal_the_single_process_decode(request: pytest.FixtureRequest, name: str) -> None:
+    scenario, ranks = results_of(request, name)
+    _, _, expected = reference(scenario)
+    owner = owner_of(scenario, ranks)
+    assert owner.error is None and owner.chunks is not None
+    assert owner.published == scenario.frames
+    assert owner.chunks.shape == expected.shape
+    delta = (owner.chunks - expected).abs().max().item()
+    assert delta <= 1e-5, f"max |Δ| {delta:.3g}"
+    levels = quantize_chunk(owner.chunks, (-1.0, 1.0)).int() - quantize_chunk(expected, (-1.0, 1.0)).int()
+    assert levels.abs().max().item() <= 1
+    if scenario.exact:
+        assert torch.equal(owner.chunks, expected), f"expected bit-exact, max |Δ| {delta:.3g}"
+
+
+@pytest.mark.parametrize("name", [s.name for _, s in SCENARIOS.values() if s.exact])
+def test_owner_mp4_is_the_single_process_mp4_when_the_chunks_are_exact(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    scenario, ranks = results_of(request, name)
+    vae, z, expected = reference(scenario)
+    with one_torch_thread():
+        single = anyio.run(lambda: decode_to_mp4(vae, z, fps=8, video_codec_options=CODEC))
+    owner = owner_of(scenario, ranks)
+    assert owner.videos == single
+    assert read_mp4(owner.videos[0]).frames.shape[:3] == expected.shape[2:]
+
+
+@pytest.mark.parametrize("name", COMPLETE)
+def test_non_owner_ranks_publish_nothing_and_get_an_empty_list(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    scenario, ranks = results_of(request, name)
+    for rank in others_of(scenario, ranks):
+        assert rank.error is None
+        assert rank.videos == []
+        assert rank.published == 0 and rank.chunks is None
+        assert rank.stats["steps"] == scenario.frames
+
+
+@pytest.mark.parametrize("name", [name for name, (_, s) in SCENARIOS.items() if s.peer_fault is None])
+def test_every_rank_runs_the_same_collectives(request: pytest.FixtureRequest, name: str) -> None:
+    _, ranks = results_of(request, name)
+    counts = {(r.stats["collectives"], r.stats["steps"], r.stats["halo_exchanges"]) for r in ranks}
+    assert len(counts) == 1, [r.stats for r in ranks]
+    collectives, steps, halos = counts.pop()
+    assert collectives > steps * 2 and halos > 0
+
+
+@pytest.mark.parametrize("name", [s.name for _, s in SCENARIOS.values() if s.fail_at is not None])
+def test_an_owner_whose_consumer_fails_stops_every_rank_at_that_chunk(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    scenario, ranks = results_of(request, name)
+    owner = owner_of(scenario, ranks)
+    assert owner.error == ("EncoderFailed", f"the encoder failed at chunk {scenario.fail_at}")
+    assert owner.published == scenario.fail_at + 1  # the failing call included; none after it
+    assert scenario.fail_at + 1 < scenario.frames  # so stopping early is visible
+    for rank in ranks:
+        assert rank.stats["stopped_at"] == scenario.fail_at
+        assert rank.stats["steps"] == scenario.fail_at + 1
+        assert rank.seconds < GLOO_TIMEOUT.total_seconds() / 2  # nobody waited out a collective
+    for rank in others_of(scenario, ranks):
+        assert rank.error is not None and rank.error[0] == "PeerDecodeError"
+        assert "EncoderFailed: the encoder failed" in rank.error[1]
+        assert rank.peer_chunk == scenario.fail_at
+
+
+def test_an_encoder_error_reaches_the_owner_caller_and_every_peer_stops(
+    request: pytest.FixtureRequest,
+) -> None:
+    scenario, ranks = results_of(request, "wan21_x264_rejects_its_options")
+    owner = owner_of(scenario, ranks)
+    assert owner.error is not None and owner.error[0] == "ArgumentError" and "avcodec_open2" in owner.error[1]
+    stopped_at = owner.stats["stopped_at"]
+    assert stopped_at is not None
+    for rank in others_of(scenario, ranks):
+        assert rank.error is not None and rank.error[0] == "PeerDecodeError"
+        assert "ArgumentError" in rank.error[1]
+        assert rank.peer_chunk == stopped_at == rank.stats["stopped_at"]
+
+
+@pytest.mark.parametrize("name", [s.name for _, s in SCENARIOS.values() if s.cancel_at is not None])
+def test_a_cancelled_owner_caller_stops_every_rank_at_that_chunk(
+    request: pytest.FixtureRequest, name: str
+) -> None:
+    scenario, ranks = results_of(request, name)
+    owner = owner_of(scenario, ranks)
+    assert owner.cancelled and owner.error is None  # the caller sees its own cancellation, nothing else
+    for rank in ranks:
+        assert rank.stats["stopped_at"] == scenario.cancel_at
+        assert rank.stats["steps"] == scenario.cancel_at + 1
+        assert rank.seconds < GLOO_TIMEOUT.total_seconds() / 2  # nobody waited out a collective
+    for rank in others_of(scenario, ranks):
+        assert rank.error is not None and rank.error[0] == "PeerDecodeError"
+        assert "cancelled" in rank.error[1]
+
+
+def test_a_plain_decode_in_another_thread_is_unaffected_by_a_sharded_one(
+    request: pytest.FixtureRequest,
+) -> None:
+    scenario, ranks = results_of(request, "wan21_height")
+    _, _, expected = reference(scenario)
+    owner = owner_of(scenario, ranks)
+    assert owner.plain_decode is not None
+    assert torch.equal(owner.plain_decode, expected)
+
+
+def test_fewer_latent_rows_than_ranks_completes_on_every_rank(request: pytest.FixtureRequest) -> None:
+    scenario, ranks = results_of(request, "wan22_fewer_rows_than_ranks")
+    assert scenario.height < len(ranks)
+    assert [r.error for r in ranks] == [None] * len(ranks)
+    assert owner_of(scenario, ranks).published == scenario.frames
+
+
+def test_a_dead_peer_makes_every_other_rank_raise_at_once(request: pytest.FixtureRequest) -> None:
+    _, ranks = results_of(request, "wan22_rank_1_dies")
+    assert ranks[1].error == ("died", "")
+    for rank in (ranks[0], ranks[2]):  # the output rank's decode_to_mp4 among them
+        assert rank.error is not None and "RuntimeError" in rank.error_bases, rank.error
+        assert rank.seconds < GLOO_TIMEOUT.total_seconds() / 2  # gloo sees the closed connection
+
+
+def test_a_stalled_peer_makes_every_other_rank_raise_after_the_group_timeout(
+    request: pytest.FixtureRequest,
+) -> None:
+    scenario, ranks = results_of(request, "wan21_rank_1_stalls")
+    owner = owner_of(scenario, ranks)  # rank 0; rank 1 stops calling collectives in its second step
+    assert owner.error is not None and "RuntimeError" in owner.error_bases, owner.error
+    # The wait is the collective's, bounded by the group's timeout: not by how long the peer stays silent.
+    assert STALL_TIMEOUT * 0.9 <= owner.seconds < STALL_SECONDS * 0.75
+    assert owner.stats["steps"] == 1 and owner.published == 1
+
+
+# --------------------------------------------------------------------------------- a group of one, here
+
+
+@pytest.fixture(scope="module")
+def group_of_one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    store = tmp_path_factory.mktemp("group_of_one") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1, timeout=GLOO_TIMEOUT)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_group_of_one_decodes_like_the_single_process_adapter(group_of_one: None) -> None:
+    vae = tiny_wan22()
+    z = latent(vae, 1, 3, 4, 4)
+    sharded, plain = ShardedWanDecoder(vae), WanChunkedDecoder(vae)
+    assert sharded.is_output_rank
+    with one_torch_thread():
+        expected: list[Tensor] = []
+        plain.decode_with_chunks(z, on_chunk=expected.append)
+        got: list[Tensor] = []
+        sharded.decode_with_chunks(z, on_chunk=got.append)
+    assert len(got) == len(expected) == 3
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+
+
+def test_a_latent_that_would_tile_is_refused_before_any_collective(group_of_one: None) -> None:
+    vae = tiny_wan21()
+    vae.enable_tiling(tile_sample_min_height=32, tile_sample_min_width=32)
+    decoder = ShardedWanDecoder(vae)
+    with pytest.raises(ValueError, match="disable_tiling"):
+        decoder.decode_with_chunks(latent(vae, 1, 2, 8, 8), on_chunk=lambda chunk: None)
+    assert decoder.stats.collectives == 0
+
+
+def test_bad_options_are_refused_at_construction(group_of_one: None) -> None:
+    vae = tiny_wan21()
+    with pytest.raises(ValueError, match="shard must be"):
+        ShardedWanDecoder(vae, shard="depth")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="output_rank"):
+        ShardedWanDecoder(vae, output_rank=1)
+    with pytest.raises(TypeError, match="AutoencoderKLWan"):
+        ShardedWanDecoder(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
+
+
+def test_a_decoder_needs_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ShardedWanDecoder(tiny_wan21())
+
+
+# ----------------------------------------------------------------------------------------------- launch
+
+
+def test_the_torchrun_example_writes_the_video(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    example = Path(__file__).parents[1] / "examples" / "distributed_decode.py"
+    output = tmp_path / "out.mp4"
+    command = [str(torchrun), "--standalone", "--nproc-per-node=2", str(example), "--shard", "height"]
+    command += ["--frames", "3", "--timeout", "60", "-o", str(output)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    finished = subprocess.run(
+        command, capture_output=True, text=True, timeout=JOIN_TIMEOUT, env=env, cwd=tmp_path
+    )
+    assert finished.returncode == 0, finished.stderr[-4000:]
+    assert "rank 1/2: decoded 3 latent frames" in finished.stdout
+    assert read_mp4(output.read_bytes()).frames.shape == (9, 64, 64, 3)
