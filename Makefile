@@ -24,8 +24,11 @@ test: lint
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,serve,bench]'
 	$(PY) bench/pipeline.py
+	$(PY) bench/wan.py
+	$(PY) bench/producers.py
+	$(PY) bench/distributed.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -3,8 +3,8 @@
 The decode runs in a worker thread under its own limiter; each published chunk crosses into the event loop
 through a bridge that catches everything — trio's ``Cancelled`` included — and turns it into the
 protocol's failure rule, so neither a cancelled caller nor a failed session unwinds the decode mid-step:
-the decode ends at its next step boundary (single process) or after its drain (distributed), and only then
-does the caller see the outcome.
+the decode ends at its next step boundary (single process) or at the step boundary its ranks agree on (a
+distributed decode, which never skips a collective), and only then does the caller see the outcome.
 """
 
 from __future__ import annotations
@@ -73,9 +73,13 @@ async def decode_to_mp4(
     ``on_session`` is called with the session once it is open (progress bars, statistics).
 
     Errors: a failing session stops publishing and its original error is raised once the decode has ended.
-    Cancellation: a single-process decode returns at its next chunk boundary; a distributed one only after
-    its drain — every remaining step, so that no peer waits forever in a collective — so that wait is bounded
-    by the remaining decode. Ranks that do not own the output decode and return ``[]``.
+    Cancellation: a single-process decode returns at its next chunk boundary. A distributed decode stops
+    where every rank has run the same collectives: :class:`streamvae.distributed.ShardedWanDecoder` agrees
+    on failure after each latent frame, so the wait is bounded by the current step (a decoder that drains
+    instead runs every remaining step: the wait is then bounded by the remaining decode), plus the process
+    group's timeout if a peer died. The decode thread is never abandoned. Ranks that do not own the output
+    decode and return ``[]``, or raise :class:`streamvae.distributed.PeerDecodeError` when the output rank
+    stopped the decode.
     """
     decoder = as_chunked_decoder(vae)
     z = _check_latents(decoder, z)

@@ -26,8 +26,9 @@ class SupportsChunkedVAEDecode(Protocol):
 
     Failure rule: publishing ends at the first ``on_chunk`` that raises (it is not called again and no chunk
     is retained); decoding ends as early as the collectives allow — a single-process decode at the next
-    step boundary, a distributed one only after every remaining step, so that no peer is left waiting in a
-    collective — and then the first error is re-raised.
+    step boundary, a distributed one never by skipping a collective: either after every remaining step (a
+    drain, ``ChunkPublisher(drain=True)``) or at a step boundary all ranks agree on
+    (:class:`streamvae.distributed.ShardedWanDecoder` does this) — and then the first error is re-raised.
 
     Optional attributes that :func:`streamvae.decode_to_mp4` uses when present: ``latent_channels`` (int),
     ``is_output_rank`` (bool, default True), and ``prepare_latents(z) -> Tensor``, which validates a latent
