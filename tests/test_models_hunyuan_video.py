@@ -7,26 +7,17 @@ windows.
 
 from __future__ import annotations
 
-import weakref
-
 import pytest
 import torch
-from accelerate.hooks import ModelHook, add_hook_to_module
 from diffusers import AutoencoderKLHunyuanVideo
 from torch import Tensor
 
 from streamvae.models import chunked_decoder
 from streamvae.models.hunyuan_video import HunyuanVideoChunkedDecoder
 from streamvae.protocol import SupportsChunkedVAEDecode
+from tests._adapters import check_hook_runs_once_per_decode, fail_at_second_chunk, reference, stream
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # Tiny convolutions run faster on one thread; two stall badly when another process holds a core.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_vae(min_frames: int = 12, stride_frames: int = 8) -> AutoencoderKLHunyuanVideo:
@@ -41,20 +32,6 @@ def tiny_vae(min_frames: int = 12, stride_frames: int = 8) -> AutoencoderKLHunyu
 
 def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:
     return torch.randn(batch, 4, frames, size, size, generator=torch.Generator().manual_seed(seed))
-
-
-def reference(vae: AutoencoderKLHunyuanVideo, z: Tensor) -> Tensor:
-    with torch.no_grad():
-        return vae.decode(z).sample
-
-
-def stream(adapter: SupportsChunkedVAEDecode, z: Tensor) -> list[Tensor]:
-    """Decode through ``adapter``; check that no chunk changed after it was published; return the chunks."""
-    published: list[tuple[Tensor, Tensor]] = []
-    adapter.decode_with_chunks(z, on_chunk=lambda chunk: published.append((chunk, chunk.clone())))
-    for chunk, at_publish in published:
-        assert torch.equal(chunk, at_publish), "a published frame changed afterwards"
-    return [at_publish for _, at_publish in published]
 
 
 def window_chunk_sizes(latent_frames: int, stride_frames: int) -> list[int]:
@@ -137,47 +114,17 @@ def test_without_framewise_decoding_the_decode_is_one_chunk() -> None:
     assert not torch.equal(reference(vae, moved)[:, :, :1], chunks[0][:, :, :1])
 
 
-class CountingHook(ModelHook):
-    def __init__(self) -> None:
-        self.pre_forward_calls = 0
-
-    def pre_forward(
-        self, module: torch.nn.Module, *args: object, **kwargs: object
-    ) -> tuple[tuple[object, ...], dict[str, object]]:
-        self.pre_forward_calls += 1
-        return args, kwargs
-
-
 def test_forward_hook_runs_once_per_decode_like_vae_decode() -> None:
-    vae = tiny_vae()
-    hook = CountingHook()
-    add_hook_to_module(vae, hook)
-    z = latent()
-    chunks = stream(HunyuanVideoChunkedDecoder(vae), z)
-    assert hook.pre_forward_calls == 1
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z))
-    assert hook.pre_forward_calls == 2  # vae.decode ran it once as well
+    check_hook_runs_once_per_decode(tiny_vae(), HunyuanVideoChunkedDecoder, latent())
 
 
 @pytest.mark.parametrize("error", [RuntimeError("sink closed"), KeyboardInterrupt()])
 def test_failing_on_chunk_stops_at_the_next_window_and_keeps_no_chunk(error: BaseException) -> None:
     vae = tiny_vae()
     adapter = HunyuanVideoChunkedDecoder(vae)
-    decoder_calls: list[int] = []
-    handle = vae.decoder.register_forward_hook(lambda *_: decoder_calls.append(1))
-    published: list[weakref.ref[Tensor]] = []
-
-    def on_chunk(chunk: Tensor) -> None:
-        published.append(weakref.ref(chunk))
-        if len(published) == 2:
-            raise error
-
     z = latent()
-    with pytest.raises(type(error)) as raised:
-        adapter.decode_with_chunks(z, on_chunk=on_chunk)
-    handle.remove()
-    assert raised.value is error
-    assert len(published) == 2 and len(decoder_calls) == 2  # the third window never ran
+    decoder_calls, published = fail_at_second_chunk(vae, adapter, z, error)
+    assert len(published) == 2 and decoder_calls == 2  # the third window never ran
     assert all(ref() is None for ref in published)
     assert torch.equal(torch.cat(stream(adapter, z), dim=2), reference(vae, z))
 

@@ -7,27 +7,18 @@ three windows.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import pytest
 import torch
-from accelerate.hooks import ModelHook, add_hook_to_module
 from diffusers import AutoencoderKLLTX2Video, AutoencoderKLLTXVideo
 from torch import Tensor
 
 from streamvae.models import chunked_decoder
 from streamvae.models.ltx_video import LTXVideoChunkedDecoder
-from streamvae.protocol import SupportsChunkedVAEDecode
+from tests._adapters import check_hook_runs_once_per_decode, fail_at_second_chunk, reference, stream
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # Tiny convolutions run faster on one thread; two stall badly when another process holds a core.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def tiny_vae(**config: Any) -> AutoencoderKLLTXVideo:
@@ -67,21 +58,6 @@ def tiny_ltx2() -> AutoencoderKLLTX2Video:
 
 def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:
     return torch.randn(batch, 8, frames, size, size, generator=torch.Generator().manual_seed(seed))
-
-
-def reference(vae: Any, z: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-    with torch.no_grad():
-        sample: Tensor = vae.decode(z, *args, **kwargs).sample
-        return sample
-
-
-def stream(adapter: SupportsChunkedVAEDecode, z: Tensor) -> list[Tensor]:
-    """Decode through ``adapter``; check that no chunk changed after it was published; return the chunks."""
-    published: list[tuple[Tensor, Tensor]] = []
-    adapter.decode_with_chunks(z, on_chunk=lambda chunk: published.append((chunk, chunk.clone())))
-    for chunk, at_publish in published:
-        assert torch.equal(chunk, at_publish), "a published frame changed afterwards"
-    return [at_publish for _, at_publish in published]
 
 
 @pytest.mark.parametrize(
@@ -210,47 +186,17 @@ def test_other_modules_are_refused_by_name() -> None:
         LTXVideoChunkedDecoder(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
 
 
-class CountingHook(ModelHook):
-    def __init__(self) -> None:
-        self.pre_forward_calls = 0
-
-    def pre_forward(
-        self, module: torch.nn.Module, *args: object, **kwargs: object
-    ) -> tuple[tuple[object, ...], dict[str, object]]:
-        self.pre_forward_calls += 1
-        return args, kwargs
-
-
 def test_forward_hook_runs_once_per_decode_like_vae_decode() -> None:
-    vae = tiny_vae()
-    hook = CountingHook()
-    add_hook_to_module(vae, hook)
-    z = latent()
-    chunks = stream(LTXVideoChunkedDecoder(vae), z)
-    assert hook.pre_forward_calls == 1
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z))
-    assert hook.pre_forward_calls == 2  # vae.decode ran it once as well
+    check_hook_runs_once_per_decode(tiny_vae(), LTXVideoChunkedDecoder, latent())
 
 
 def test_failing_on_chunk_stops_at_the_next_window_and_keeps_no_chunk() -> None:
     vae = tiny_vae()
     adapter = LTXVideoChunkedDecoder(vae)
-    decoder_calls: list[int] = []
-    handle = vae.decoder.register_forward_hook(lambda *_: decoder_calls.append(1))
-    published: list[weakref.ref[Tensor]] = []
     error = RuntimeError("sink closed")
-
-    def on_chunk(chunk: Tensor) -> None:
-        published.append(weakref.ref(chunk))
-        if len(published) == 2:
-            raise error
-
     z = latent()
-    with pytest.raises(RuntimeError) as raised:
-        adapter.decode_with_chunks(z, on_chunk=on_chunk)
-    handle.remove()
-    assert raised.value is error
-    assert len(published) == 2 and len(decoder_calls) == 2  # the third window never ran
+    decoder_calls, published = fail_at_second_chunk(vae, adapter, z, error)
+    assert len(published) == 2 and decoder_calls == 2  # the third window never ran
     assert all(ref() is None for ref in published)
     assert torch.equal(torch.cat(stream(adapter, z), dim=2), reference(vae, z))
 
