@@ -156,10 +156,11 @@ Each path in a fresh process.
 - pre-encode frames: concatenated chunks `torch.equal` to `vae.decode(z).sample`: **{equal}** (max |Δ| {delta:g},
   uint8 frames differ by at most {levels} level(s))
 
-Wall: on this 2-core CPU the decode uses both cores, so the encode, the colour conversion and the worker
-threads' hand-offs compete with it instead of filling idle time — streaming costs wall time here. With a GPU
-decode the host cores are idle while the device works, which is what the pipeline section measures with a
-GPU-like producer (streamed ÷ max(producer, encode) close to 1).
+Wall: on this 2-core CPU the decode uses both cores, so the encode and the colour conversion compete with
+it instead of filling idle time, and there is little to gain; repeated runs of the same small decode with and
+without the session differ by about ±10% here, in both directions, so a wall ratio near 1 is within noise.
+With a GPU decode the host cores are idle while the device works, which is what the pipeline section
+measures with a GPU-like producer (streamed ÷ max(producer, encode) close to 1).
 
 On a CPU the decode itself dominates the wall time, and at a size this CPU decodes in a minute the VAE's
 activations (not the float video, a few MiB here) dominate peak RSS, which also moves by a few hundred MiB
