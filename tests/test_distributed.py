@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _media import read_mp4
+from _media import read_luma, read_mp4
 from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 from torch import Tensor
 
@@ -517,3 +518,36 @@ def test_the_torchrun_example_writes_the_video(tmp_path: Path) -> None:
     assert finished.returncode == 0, finished.stderr[-4000:]
     assert "rank 1/2: decoded 3 latent frames" in finished.stdout
     assert read_mp4(output.read_bytes()).frames.shape == (9, 64, 64, 3)
+
+
+def test_torchrun_streamvae_decode_with_shard_matches_the_single_process_video(tmp_path: Path) -> None:
+    vae = tiny_wan21()
+    vae.save_pretrained(tmp_path / "vae")
+    torch.save(latent(vae, frames=3), tmp_path / "latents.pt")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    common = ["latents.pt", "--vae", "vae", "--fps", "8", "--crf", "0", "--quiet"]
+    command = [str(torchrun), "--standalone", "--nproc-per-node=2", "-m", "streamvae", "decode", *common]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    sharded = subprocess.run(
+        [*command, "-o", "sharded.mp4", "--shard", "height"],
+        capture_output=True,
+        text=True,
+        timeout=JOIN_TIMEOUT,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert sharded.returncode == 0, sharded.stderr[-4000:]
+    assert sharded.stdout.count("sharded.mp4:") == 1  # only the output rank writes and reports
+    single = subprocess.run(
+        [sys.executable, "-m", "streamvae", "decode", *common, "-o", "single.mp4"],
+        capture_output=True,
+        text=True,
+        timeout=JOIN_TIMEOUT,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert single.returncode == 0, single.stderr[-4000:]
+    sharded_luma = read_luma((tmp_path / "sharded.mp4").read_bytes())
+    single_luma = read_luma((tmp_path / "single.mp4").read_bytes())
+    assert sharded_luma.shape == (9, 64, 64)
+    assert np.abs(sharded_luma.astype(int) - single_luma.astype(int)).max() <= 1

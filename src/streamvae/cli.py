@@ -363,7 +363,12 @@ def _decode_job(args: argparse.Namespace) -> DecodeJob:
     from streamvae.decode import as_chunked_decoder
 
     latents = load_latents(args.latents, args.key)
-    vae = load_vae(args.vae, subfolder=args.subfolder, dtype=args.dtype, device=args.device)
+    device = args.device
+    if args.shard is not None:
+        from streamvae.distributed import init_distributed
+
+        device = str(init_distributed())  # torchrun's group: NCCL on CUDA, gloo otherwise
+    vae = load_vae(args.vae, subfolder=args.subfolder, dtype=args.dtype, device=device)
     channels = getattr(as_chunked_decoder(vae), "latent_channels", None)
     if channels is not None and latents.shape[1] != channels:
         raise CliError(
@@ -382,11 +387,26 @@ def _decode_job(args: argparse.Namespace) -> DecodeJob:
         options["audio_waveforms"] = [waveform] * latents.shape[0]
         options["audio_sample_rate"] = rate
     outputs = output_paths(args.output, latents.shape[0])
-    return DecodeJob(vae, latents, outputs, expected_frames(vae, latents.shape[2]), options)
+    frames = expected_frames(vae, latents.shape[2])
+    if args.shard is not None:
+        from streamvae.distributed import ShardedWanDecoder
+
+        try:
+            decoder = ShardedWanDecoder(vae, shard=args.shard)
+        except (TypeError, ValueError) as error:
+            raise CliError(f"--shard {args.shard}: {error}") from error
+        return DecodeJob(decoder, latents, outputs, frames, options)
+    return DecodeJob(vae, latents, outputs, frames, options)
 
 
 def _run_job(args: argparse.Namespace, build: Callable[[argparse.Namespace], DecodeJob]) -> int:
     job = build(args)
+    if not getattr(job.vae, "is_output_rank", True):
+        # A rank of a sharded decode that does not own the output: it decodes its strip, writes nothing.
+        from streamvae import decode_to_mp4
+
+        anyio.run(lambda: decode_to_mp4(job.vae, job.latents, **job.session_options), backend=args.backend)
+        return 0
     for path in job.outputs:
         path.parent.mkdir(parents=True, exist_ok=True)
     summary = anyio.run(lambda: run_decode(job, progress=not args.quiet), backend=args.backend)
@@ -452,6 +472,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--denormalize",
         action="store_true",
         help="the latents are a Wan pipeline's output_type='latent' (normalized): de-normalize first",
+    )
+    decode.add_argument(
+        "--shard",
+        choices=["height", "width"],
+        help="split each frame across the ranks of a torchrun launch (Wan family; rank 0 writes the MP4)",
     )
     decode.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     decode.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
