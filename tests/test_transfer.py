@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 import torch
@@ -158,3 +160,62 @@ async def test_cuda_ring_uses_pinned_slots_and_lands_asynchronous_copies() -> No
     lease.release()
     lease.release()
     assert ring.slots_in_use == 0 and ring.stats().transfers == 1
+
+
+class PendingCopy:
+    """Stands in for the completion event of a CUDA copy that has not landed yet (CPU rings copy at once)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+async def in_flight(ring: PinnedChunkRing, value: int) -> tuple[Any, PendingCopy]:
+    """A lease whose copy is still in flight, as a CUDA ring hands them out."""
+    lease = await ring.transfer(frames(value), readers=1)
+    copy = PendingCopy()
+    lease._copy_done, lease._landed = copy, False
+    return lease, copy
+
+
+async def test_a_discarded_lease_keeps_its_slot_until_its_copy_lands() -> None:
+    ring = PinnedChunkRing(1, "cpu")
+    lease, copy = await in_flight(ring, 1)
+    lease.discard()
+    assert ring.slots_in_use == 1  # the copy may still write the slot: it is not reused yet
+    waiting, got_slot = anyio.Event(), anyio.Event()
+
+    async def next_transfer() -> None:
+        waiting.set()
+        (await ring.transfer(frames(2), readers=1)).release()
+        got_slot.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(next_transfer)
+        await waiting.wait()
+        for _ in range(20):
+            await anyio.lowlevel.checkpoint()
+        assert not got_slot.is_set()
+        copy.done = True  # the copy lands: the retired slot comes back by itself
+        await got_slot.wait()
+    assert ring.slots_in_use == 0
+
+
+async def test_landing_is_awaited_by_polling_and_abandoned_on_cancel_or_abort() -> None:
+    ring = PinnedChunkRing(2, "cpu")
+    lease, copy = await in_flight(ring, 3)
+    with anyio.move_on_after(0.05) as scope:
+        await lease.wait_landed()  # never lands: the wait must be abandonable
+    assert scope.cancelled_caught and not lease.landed
+    with pytest.raises(RuntimeError, match="before the copy landed"):
+        lease.host  # noqa: B018
+    copy.done = True
+    host = await lease.wait_landed()
+    assert int(host[0, 0, 0, 0, 0]) == 3 and lease._source is None  # the source is let go once landed
+    other, _ = await in_flight(ring, 4)
+    ring.abort(ValueError("peer died"))
+    with pytest.raises(ValueError, match="peer died"):
+        await other.wait_landed()
+    assert ring.slots_in_use == 1  # the in-flight copy's slot stays out of the pool
