@@ -311,3 +311,26 @@ async def test_push_after_finish_and_finish_twice_are_errors() -> None:
             await session.finish()
     with pytest.raises(SessionClosedError, match="entered"):
         await ChunkedVideoMP4Session(value_range=(-1, 1), fps=16).push(moving_pattern(0, 1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+async def test_cuda_chunks_take_the_device_yuv_path_through_pinned_slots() -> None:
+    producer = torch.cuda.Stream()
+    chunks = [c.cuda() for c in wan_like_chunks(5, batch=2)]
+    async with ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, video_codec_options=PINNED) as session:
+        for chunk in chunks:
+            # Produced and pushed on the producer's own stream, as a decode would: push records the
+            # chunk's ready event on the pushing thread's current stream.
+            with torch.cuda.stream(producer):
+                await session.push(chunk * 1.0)
+        videos = await session.finish()
+    assert session.pixel_format == "yuv420p"
+    assert session.ring is not None and session.ring.device.type == "cuda"
+    stats = session.transfer_stats()
+    assert stats is not None and stats.transfers == 17 and session.ring.slots_in_use == 0
+    reference = to_rgb_uint8(torch.cat([c.cpu() for c in chunks], dim=2))
+    for entry, data in enumerate(videos):
+        mp4 = read_mp4(data)
+        assert mp4.frames.shape == (17, 64, 96, 3)
+        assert psnr(mp4.frames, reference[entry]) >= 35
