@@ -7,11 +7,13 @@
 #   echo /.whl/ >> .git/info/exclude
 #   for p in diffusers av trio outcome sniffio sortedcontainers attrs huggingface-hub safetensors \
 #            regex filelock importlib-metadata zipp pyyaml tqdm requests idna urllib3 certifi \
-#            charset-normalizer fsspec packaging typing-extensions hf-xet; do
+#            charset-normalizer fsspec packaging typing-extensions hf-xet imageio imageio-ffmpeg pillow; do
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #       -d .whl "$p"; done
-# Then on the device (carry .whl):  bash bench/gpu_check.sh
+# (av and imageio-ffmpeg each carry an FFmpeg: check the total stays under the 64 MiB a call carries, or
+# split the Wan benchmark's baseline into a second call.) Then on the device (carry .whl):
+#   bash bench/gpu_check.sh
 set -euo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD PYTHONUNBUFFERED=1
