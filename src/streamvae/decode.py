@@ -17,7 +17,7 @@ import anyio
 import anyio.lowlevel
 from torch import Tensor
 
-from streamvae.protocol import SupportsChunkedVAEDecode
+from streamvae.protocol import SupportsChunkedVAEDecode, check_latents
 from streamvae.session import ChunkedVideoMP4Session, MP4ByteStream
 
 __all__ = ["as_chunked_decoder", "decode_to_mp4", "stream_mp4"]
@@ -36,20 +36,9 @@ def as_chunked_decoder(vae: Any) -> SupportsChunkedVAEDecode:
     return chunked_decoder(vae)
 
 
-def _check_latents(decoder: SupportsChunkedVAEDecode, z: object) -> Tensor:
-    if not isinstance(z, Tensor):
-        raise TypeError(
-            f"z must be a torch.Tensor latent [batch, channels, frames, height, width], got {type(z)}"
-        )
-    if z.ndim != 5:
-        raise ValueError(
-            f"z must be a 5-D latent [batch, channels, frames, height, width], got {tuple(z.shape)}"
-        )
-    if z.numel() == 0:
-        raise ValueError(f"z must not be empty, got shape {tuple(z.shape)}")
-    channels = getattr(decoder, "latent_channels", None)
-    if channels is not None and z.shape[1] != channels:
-        raise ValueError(f"z must have {channels} latent channels in dim 1, got shape {tuple(z.shape)}")
+def _check_latents(decoder: SupportsChunkedVAEDecode, z: object, owner: str) -> Tensor:
+    check_latents(z, getattr(decoder, "latent_channels", None), owner=owner)
+    assert isinstance(z, Tensor)
     prepare: Callable[[Tensor], Tensor] | None = getattr(decoder, "prepare_latents", None)
     if prepare is None:
         return z
@@ -82,7 +71,7 @@ async def decode_to_mp4(
     stopped the decode.
     """
     decoder = as_chunked_decoder(vae)
-    z = _check_latents(decoder, z)
+    z = _check_latents(decoder, z, "decode_to_mp4")
     limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
     if not getattr(decoder, "is_output_rank", True):
         await anyio.to_thread.run_sync(_decode_without_output, decoder, z, limiter=limiter)
@@ -116,7 +105,7 @@ async def stream_mp4(
     do not own the output (they have nothing to stream: use :func:`decode_to_mp4` there).
     """
     decoder = as_chunked_decoder(vae)
-    z = _check_latents(decoder, z)
+    z = _check_latents(decoder, z, "stream_mp4")
     if not getattr(decoder, "is_output_rank", True):
         raise ValueError("stream_mp4() on a rank that does not own the output: call decode_to_mp4() there")
     limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from streamvae.protocol import publish_chunks
+from streamvae.protocol import check_latents, publish_chunks
 
 __all__ = ["ChunkedDecoder", "check_latents", "execution_device", "overlapping_window_chunks"]
 
@@ -91,22 +91,6 @@ class ChunkedDecoder:
 
     def _check_latents(self, z: Tensor) -> None:
         check_latents(z, self.latent_channels, owner=type(self).__name__)
-
-
-def check_latents(z: object, channels: int, *, owner: str, name: str = "z") -> None:
-    """Raise TypeError/ValueError naming ``name`` unless it is a non-empty [B, channels, T, H, W] tensor."""
-    expected = f"[batch, {channels}, frames, height, width]"
-    if not isinstance(z, Tensor):
-        raise TypeError(f"{owner}: {name} must be a torch.Tensor {expected}, got {type(z).__name__}")
-    if z.ndim != 5:
-        raise ValueError(f"{owner}: {name} must be a 5-D latent {expected}, got shape {tuple(z.shape)}")
-    if z.shape[1] != channels:
-        raise ValueError(
-            f"{owner}: {name} must have {channels} latent channels in dim 1 {expected}, "
-            f"got shape {tuple(z.shape)}"
-        )
-    if z.numel() == 0:
-        raise ValueError(f"{owner}: {name} must not be empty {expected}, got shape {tuple(z.shape)}")
 
 
 def execution_device(vae: Any) -> torch.device:

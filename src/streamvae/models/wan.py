@@ -27,8 +27,8 @@ from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, WanCausalConv3d, unpatchify
 from torch import Tensor
 
-from streamvae.models._common import check_latents, execution_device
-from streamvae.protocol import publish_chunks
+from streamvae.models._common import execution_device
+from streamvae.protocol import check_latents, publish_chunks
 
 __all__ = ["WanChunkedDecoder", "WanFamilyVAE", "denormalize_wan_latents"]
 
