@@ -76,11 +76,9 @@ class MP4ByteStream:
     aborts the session — nobody is left to read the entry.
     """
 
-    def __init__(
-        self, session: ChunkedVideoMP4Session, entry: int, receive: MemoryObjectReceiveStream[bytes]
-    ) -> None:
+    def __init__(self, session: ChunkedVideoMP4Session, entry: int, max_buffered: int) -> None:
         self._session = session
-        self._receive = receive
+        self._send, self._receive = anyio.create_memory_object_stream[bytes](max_buffered)
         self.entry = entry
         #: set once the entry's MP4 is complete (every byte has been handed to the stream)
         self.completed = False
@@ -110,7 +108,7 @@ class MP4ByteStream:
 class _EntryOutput:
     """Where one entry's MP4 bytes go: kept in memory for ``finish``, or sent to an :class:`MP4ByteStream`."""
 
-    def __init__(self, entry: int, stream: MemoryObjectSendStream[bytes] | None = None) -> None:
+    def __init__(self, entry: int, stream: MP4ByteStream | None = None) -> None:
         self.entry = entry
         self.parts: list[bytes] = []
         self.stream = stream
@@ -122,15 +120,20 @@ class _EntryOutput:
             self.parts.append(data)
             return
         try:
-            await self.stream.send(data)
+            await self.stream._send.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise SessionClosedError(
                 f"the reader of entry {self.entry}'s stream closed it before the MP4 was complete"
             ) from None
 
+    def complete(self) -> None:
+        """Every byte of the entry's MP4 has been written."""
+        if self.stream is not None:
+            self.stream.completed = True
+
     def close(self) -> None:
         if self.stream is not None:
-            self.stream.close()
+            self.stream._send.close()
 
     def getvalue(self) -> bytes:
         return b"".join(self.parts)
@@ -267,8 +270,7 @@ class ChunkedVideoMP4Session:
         self._device: torch.device | None = None
         self._encoders: list[EntryEncoder] = []
         self._outputs: list[_EntryOutput] = []
-        self._streams: dict[int, MemoryObjectSendStream[bytes]] = {}
-        self._byte_streams: dict[int, MP4ByteStream] = {}
+        self._streams: dict[int, MP4ByteStream] = {}
         self._chunks_send: MemoryObjectSendStream[tuple[Tensor, Any]] | None = None
 
     # -- public counters --
@@ -368,9 +370,7 @@ class ChunkedVideoMP4Session:
             raise SessionClosedError("open_stream() must be called before the first push")
         if entry in self._streams:
             raise ValueError(f"entry {entry} already has a stream")
-        send, receive = anyio.create_memory_object_stream[bytes](max_buffered)
-        self._streams[entry] = send
-        stream = self._byte_streams[entry] = MP4ByteStream(self, entry, receive)
+        stream = self._streams[entry] = MP4ByteStream(self, entry, max_buffered)
         return stream
 
     def _start_background(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -469,7 +469,7 @@ class ChunkedVideoMP4Session:
                     file=None if self.output_files is None else self.output_files[entry],
                 )
             )
-            self._outputs.append(_EntryOutput(entry, self._streams.pop(entry, None)))
+            self._outputs.append(_EntryOutput(entry, self._streams.get(entry)))
         self._chunks_send, chunks_receive = anyio.create_memory_object_stream[tuple[Tensor, Any]](
             self.queue_depth
         )
@@ -639,8 +639,7 @@ class ChunkedVideoMP4Session:
                 with self._span(f"encode[{entry}]"):
                     data = await anyio.to_thread.run_sync(encoder.finish, limiter=limiter)
                 await output.write(data)
-                if entry in self._byte_streams:
-                    self._byte_streams[entry].completed = True
+                output.complete()
         except Exception as error:
             # Record it before the cleanup below yields: neighbours ending meanwhile must find it.
             self._abort(error)
