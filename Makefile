@@ -29,6 +29,8 @@ bench: $(STAMP)
 	$(PY) bench/wan.py
 	$(PY) bench/producers.py
 	$(PY) bench/distributed.py
+	$(PY) bench/encode_budget.py
+	$(PY) bench/soak.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

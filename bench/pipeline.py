@@ -5,16 +5,21 @@ fixed time that uses no CPU (the thread sleeps, as a host thread waiting on a GP
 the measured encode cost per chunk (prepare included): the balanced case, where overlap matters most.
 
     python bench/pipeline.py            # writes docs/benchmarks.md (section "pipeline") and a timeline plot
+    python bench/pipeline.py --memory   # writes docs/benchmarks.md (section "memory")
 
 Reports streamed wall ÷ max(producer total, encode total) (target ≤ 1.10), sequential ÷ streamed, time to
 the finished MP4, peak RSS for 257 and 1025 frames, and host CPU per frame of the rgb24 and yuv420p paths.
+``--memory`` reports what one session adds to a process: peak RSS minus RSS just before it, in fresh
+processes, for one session and for eight concurrent ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -32,6 +37,7 @@ from streamvae.encode import EntryEncoder, as_fps
 
 HEIGHT, WIDTH, FPS = 480, 832, 16
 CODEC = {"crf": "18", "preset": "veryfast", "threads": "2"}
+MEMORY_CODEC = {"preset": "ultrafast"}
 
 
 def chunk_sizes(frames: int) -> list[int]:
@@ -157,6 +163,95 @@ def run_child(mode: str, frames: int, cost: float) -> None:
     print(json.dumps({"peak_rss_mib": peak_rss_mib()}))
 
 
+def memory_child(sessions: int, frames: int) -> None:
+    """One fresh process: what ``sessions`` concurrent rgb24 sessions add to RSS (peak − before), and time."""
+    torch.set_num_threads(1)
+    sources, sizes = source_chunks(), chunk_sizes(frames)
+    chunks = [chunk_at(sources, i, size) for i, size in enumerate(sizes)]
+
+    async def one() -> None:
+        async with ChunkedVideoMP4Session(
+            value_range=(-1, 1), fps=FPS, pixel_format="rgb24", video_codec_options=MEMORY_CODEC
+        ) as session:
+            for chunk in chunks:
+                await session.push(chunk)
+            await session.finish()
+
+    async def run() -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(sessions):
+                tg.start_soon(one)
+
+    before = rss_mib()
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM restarts from the current RSS
+    started = time.perf_counter()
+    anyio.run(run)
+    seconds = time.perf_counter() - started
+    print(json.dumps({"added_mib": peak_rss_mib() - before, "before_mib": before, "seconds": seconds}))
+
+
+def memory_child_run(sessions: int, frames: int, source: str | None) -> dict[str, float]:
+    """One fresh process; ``source`` is another tree's ``src`` folder to import streamvae from."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    if source is not None:
+        env["PYTHONPATH"] = os.pathsep.join([source, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(sessions), "--frames", str(frames)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def memory_report(frames: int, runs: int, baseline: str | None) -> None:
+    sizes = chunk_sizes(frames)
+    trees: dict[str, str | None] = {"this tree": None}
+    if baseline is not None:
+        trees[f"baseline (`{baseline}`)"] = baseline
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for sessions, count in ((1, runs), (8, max(1, (runs + 1) // 2))):
+        for _ in range(count):  # the trees alternate, so they share the machine's noise
+            for name, source in trees.items():
+                results.setdefault((name, sessions), []).append(memory_child_run(sessions, frames, source))
+
+    def row(name: str, sessions: int) -> str:
+        added = [r["added_mib"] for r in results[(name, sessions)]]
+        seconds = [r["seconds"] for r in results[(name, sessions)]]
+        return (
+            f"| {name} | {sessions} | {len(added)} | **{statistics.median(added):.0f} MiB** | "
+            f"{min(added):.0f}–{max(added):.0f} MiB | {statistics.median(seconds):.2f} s |"
+        )
+
+    table = "\n".join(row(name, sessions) for sessions in (1, 8) for name in trees)
+    print(table, flush=True)
+    command = "python bench/pipeline.py --memory" + (f" --memory-baseline {baseline}" if baseline else "")
+    body = f"""
+## Per-session memory (`{command}`)
+
+What a session adds to a process: peak RSS (VmHWM, reset through `/proc/self/clear_refs` just before the
+session) minus RSS just before it, each run in a fresh process with no `MALLOC_*` variables. {frames}
+frames of {HEIGHT}×{WIDTH} pushed as {len(sizes)} chunks (1 frame, then 4 each), prepared beforehand, without
+delay; rgb24, libx264 `{MEMORY_CODEC}`, default ring (2 slots), torch with 1 thread. "8" runs eight such
+sessions at once in one event loop. Time is the whole run (sessions opened, every chunk pushed, MP4s
+finished); a baseline is another checkout's `src` (e.g. `git archive <commit> src | tar -x -C /tmp/old`),
+its runs alternating with this tree's.
+
+| code | sessions | processes | peak − before, median | min–max | time, median |
+|---|---:|---:|---:|---:|---:|
+{table}
+"""
+    print(f"wrote {write_section('memory', body)}")
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
 def peak_rss_mib() -> float:
     # VmHWM belongs to this process image; ru_maxrss would carry the parent's peak across fork + exec.
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -194,9 +289,19 @@ def main() -> None:
     parser.add_argument("--long-frames", type=int, default=1025)
     parser.add_argument("--child", choices=["streamed", "sequential"])
     parser.add_argument("--cost", type=float, default=0.0)
+    parser.add_argument("--memory", action="store_true", help="per-session memory only")
+    parser.add_argument("--runs", type=int, default=7, help="fresh processes for --memory")
+    parser.add_argument("--memory-baseline", metavar="SRC", help="also measure streamvae imported from SRC")
+    parser.add_argument("--memory-child", type=int, metavar="SESSIONS")
     args = parser.parse_args()
     if args.child:
         run_child(args.child, args.frames, args.cost)
+        return
+    if args.memory_child:
+        memory_child(args.memory_child, args.frames)
+        return
+    if args.memory:
+        memory_report(args.frames, args.runs, args.memory_baseline)
         return
 
     torch.set_num_threads(1)  # process-wide; torch threads compete with x264's on small machines

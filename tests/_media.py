@@ -12,6 +12,12 @@ import av
 import numpy as np
 import torch
 
+#: x264 options under which its output is a function of its input alone: one thread, and no SIMD. Its
+#: assembly reads uninitialized padding of its own frame buffers when the width is not a multiple of 64
+#: (seen at 96 and 416 pixels, FFmpeg 8.1's x264), which flips a few decisions from run to run; with
+#: ``asm=0`` 30 runs out of 30 gave the same bytes. Tests that compare MP4 bytes use these.
+DETERMINISTIC_X264 = {"threads": "1", "x264-params": "asm=0"}
+
 
 def moving_pattern(
     start: int, frames: int, *, batch: int = 1, height: int = 64, width: int = 96

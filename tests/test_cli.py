@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import subprocess
 import sys
 import wave
 from pathlib import Path
 
+import av
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
 
-from streamvae import quantize_chunk
+from streamvae import cli, quantize_chunk
 from streamvae.cli import main
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests._vaes import latent, tiny_wan21
@@ -219,12 +222,107 @@ def test_demo_rejects_a_size_the_vae_cannot_make(capsys: pytest.CaptureFixture[s
     assert "multiple of 16" in capsys.readouterr().err
 
 
-def test_an_encoder_option_ffmpeg_rejects_is_one_line(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("streamvae: error: ") and err.count("\n") == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (["--preset", "nope"], "argument --preset: invalid choice: 'nope'"),
+        (["--fps", "0"], "argument --fps: fps must be a number between 1/1000 and 1000"),
+        (["--fps", "1e-4"], "argument --fps: fps must be a number between 1/1000 and 1000"),
+        (["--fps", "nan"], "argument --fps: fps must be a number between 1/1000 and 1000"),
+        (["--fps", "fast"], "argument --fps: not a number: 'fast'"),
+        (["--crf", "52"], r"argument --crf: must be from 0 \(lossless\) to 51, got 52"),
+        (["--crf", "-1"], r"argument --crf: must be from 0 \(lossless\) to 51, got -1"),
+        (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_writes_nothing(
+    option: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    args = ["demo", "-o", str(tmp_path / "x.mp4"), "--frames", "5", "--size", "32", "--preset", "nope", "-q"]
-    assert main(args) == 1
-    assert capsys.readouterr().err.startswith("streamvae: error: the encoder failed")
+    earlier = tmp_path / "earlier.mp4"
+    earlier.write_bytes(b"an earlier render")
+    for output in (tmp_path / "x.mp4", earlier):
+        assert main(["demo", "-o", str(output), "--frames", "5", "--size", "32", *option]) == 1
+        assert re.search(message, one_line_error(capsys))
+    assert os.listdir(tmp_path) == ["earlier.mp4"]
+    assert earlier.read_bytes() == b"an earlier render"
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        ("a file/x.mp4", "a file/x.mp4: Not a directory"),
+        ("a directory", "a directory: Is a directory"),
+        ("missing/x.mp4", "missing/x.mp4: No such file or directory"),
+    ],
+)
+def test_an_output_path_that_cannot_be_written_is_one_line(
+    output: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a file").write_bytes(b"not a directory")
+    (tmp_path / "a directory").mkdir()
+    before = sorted(os.listdir(tmp_path))
+    # Without --quiet: the check comes before the progress bar would draw anything.
+    assert main(["demo", "-o", str(tmp_path / output), "--frames", "5", "--size", "32"]) == 1
+    assert one_line_error(capsys).rstrip().endswith(message)
+    assert sorted(os.listdir(tmp_path)) == before and os.listdir(tmp_path / "a directory") == []
+    assert (tmp_path / "a file").read_bytes() == b"not a directory"
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (av.error.ExternalError(-1, "the encoder refused"), "the encoder failed: .*the encoder refused"),
+        (ValueError("video_codec_options: libx264 has no option\n'x'"), "has no option 'x'$"),
+        (ExceptionGroup("stages", [OSError(errno.ENOSPC, "No space left on device")]), "No space left"),
+    ],
+)
+def test_an_error_of_the_decode_is_one_line(
+    error: Exception,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def failing_decode(job: object, *, progress: bool) -> None:
+        raise error
+
+    monkeypatch.setattr(cli, "run_decode", failing_decode)
+    assert main(["demo", "-o", str(tmp_path / "x.mp4"), "--frames", "5", "--size", "32", "-q"]) == 1
+    assert re.search(message, one_line_error(capsys).rstrip())
+
+
+def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def failing_decode(job: object, *, progress: bool) -> None:
+        raise RuntimeError("a bug, not a problem with the input")
+
+    monkeypatch.setattr(cli, "run_decode", failing_decode)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["demo", "-o", str(tmp_path / "x.mp4"), "--frames", "5", "--size", "32", "-q"])
+
+
+def test_an_earlier_output_survives_a_run_that_fails_at_the_final_write(tmp_path: Path) -> None:
+    """A file size limit (a full disk) hit by the last write: the earlier file stays, nothing partial."""
+    output = tmp_path / "x.mp4"
+    output.write_bytes(b"an earlier render")
+    script = f"""
+import resource, runpy, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+sys.argv = ["streamvae", "demo", "-o", {str(output)!r}, "--frames", "17", "--size", "32"]
+sys.argv += ["--container", "mp4", "-q"]  # a plain MP4 is written whole, by the final write
+runpy.run_module("streamvae", run_name="__main__")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert result.stderr == "streamvae: error: [Errno 27] File too large\n"
+    assert output.read_bytes() == b"an earlier render"
+    assert os.listdir(tmp_path) == ["x.mp4"]
 
 
 def test_python_m_streamvae_runs_without_rich_starlette_or_uvicorn(tmp_path: Path) -> None:

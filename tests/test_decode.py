@@ -15,12 +15,12 @@ from torch import Tensor
 from streamvae import ChunkedVideoMP4Session, SessionClosedError, decode_to_mp4, quantize_chunk, stream_mp4
 from streamvae.encode import open_containers
 from streamvae.models import chunked_decoder
-from tests._media import bt709_luma, foreign_threads, read_luma, read_mp4
+from tests._media import DETERMINISTIC_X264, bt709_luma, foreign_threads, read_luma, read_mp4
 from tests._vaes import latent, tiny_wan21, tiny_wan22
 
 pytestmark = pytest.mark.anyio
 
-PINNED = {"threads": "1"}
+PINNED = DETERMINISTIC_X264  # byte-identical MP4s for identical frames
 
 
 @pytest.fixture(scope="module")

@@ -30,7 +30,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _media import read_luma, read_mp4
+from _media import DETERMINISTIC_X264, read_luma, read_mp4
 from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 from torch import Tensor
 
@@ -43,7 +43,7 @@ FAMILIES: dict[str, Callable[[], Any]] = {
     "wan22": tiny_wan22,
     "qwen_image": tiny_qwen_image,
 }
-CODEC = {"threads": "1"}  # byte-identical MP4s for identical frames
+CODEC = DETERMINISTIC_X264  # byte-identical MP4s for identical frames
 GLOO_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective raises after this
 JOIN_TIMEOUT = 300.0  # a group that has not finished by then hung: the test fails
 STALL_TIMEOUT = 3.0  # the process group timeout of the stalled-peer scenario

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import platform
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import httpx
 import numpy as np
 import pytest
+import torch
 
-from streamvae.demo import demo_vae
-from streamvae.encode import open_containers
+from streamvae.demo import demo_latent, demo_vae
+from streamvae.encode import EntryEncoder, open_containers
 from streamvae.models import chunked_decoder
-from streamvae.server import create_app
+from streamvae.server import VideoRequest, create_app
 from tests._media import foreign_threads, read_mp4
 from tests._server import EventLog, GatedDecoder, running_server
 
@@ -205,6 +208,51 @@ async def test_bad_video_parameters_are_a_400_that_names_the_problem(query: str,
     assert message in response.text
 
 
+async def test_every_value_the_decode_would_not_take_is_a_400_and_the_extremes_it_takes_are_served(
+    events: EventLog,
+) -> None:
+    # A custom latent builder gets no demo checks: the server's own ranges must hold on their own.
+    seeds: list[int] = []
+
+    def latents(request: VideoRequest) -> torch.Tensor:
+        seeds.append(request.seed)
+        return demo_latent(1, 16, request.seed % 2**32)
+
+    app = create_app(latents=latents, max_frames=9, max_size=64, on_event=events, session_options=PINNED)
+    refused = [
+        "seed=18446744073709551616",  # 2**64: torch.Generator.manual_seed overflows (it was a 500)
+        "seed=-1",
+        "seed=" + "9" * 5000,
+        "frames=0",
+        "frames=-5",
+        "size=0",
+        "frames=10",
+        "size=65",
+        "frames=" + "9" * 5000,
+        "frames=1.5",
+        "frames=1e3",
+        "frames=",
+        "frames=1_0",
+        "frames=%205",
+        "frames=%D9%A3",  # an Arabic-Indic 3, which int() would take
+        "seed=0x10",
+    ]
+    with running_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            for query in refused:
+                # The others are valid; the last value of a repeated name counts.
+                response = await client.get(f"/video.mp4?frames=1&size=16&seed=0&{query}")
+                assert response.status_code == 400, query
+                name = query.split("=")[0]
+                assert response.text.startswith(name) and len(response.text) < 200, response.text
+            body = await fetch(client, f"/video.mp4?frames=1&size=16&seed={2**64 - 1}")
+            await wait_for(events, "completed")
+            stats = (await client.get("/stats")).json()
+    assert read_mp4(body).frames.shape[0] == 1
+    assert seeds == [2**64 - 1]  # the refused requests never reached the latent builder
+    assert stats["failed"] == 0 and stats["completed"] == 1
+
+
 async def test_the_page_has_a_video_element_and_a_form() -> None:
     with running_server(create_app()) as url:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
@@ -229,6 +277,51 @@ def test_create_app_rejects_bad_limits() -> None:
     for options in ({"max_concurrent": 0}, {"max_queued": -1}, {"stall_timeout": 0}):
         with pytest.raises(ValueError, match=next(iter(options))):
             create_app(**options)  # type: ignore[arg-type]
+
+
+def test_every_request_encodes_under_the_apps_shared_encode_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sync (httpx's blocking client): the limiter is made outside any loop and binds to uvicorn's.
+    budget = anyio.CapacityLimiter(1)
+    seen: list[tuple[float, str]] = []
+    encode = EntryEncoder.encode
+
+    def spy(self: EntryEncoder, frames: Any) -> bytes:
+        seen.append((budget.borrowed_tokens, self.codec_options["threads"]))
+        return encode(self, frames)
+
+    monkeypatch.setattr(EntryEncoder, "encode", spy)
+    with running_server(create_app(encode_limiter=budget)) as url:
+        for seed in range(2):
+            response = httpx.get(f"{url}/video.mp4?frames=5&size=32&seed={seed}", timeout=120)
+            assert response.status_code == 200
+    assert seen and set(seen) == {(1, "1")}  # each call held the app's token; x264 got one thread
+
+
+def test_create_app_takes_only_a_capacity_limiter_as_its_encode_budget() -> None:
+    with pytest.raises(TypeError, match="encode_limiter"):
+        create_app(encode_limiter=4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="encode_limiter"):
+        create_app(session_options={"encode_limiter": anyio.CapacityLimiter(1)})
+
+
+def test_serve_trims_the_allocator_after_each_video_response_and_nothing_else(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import uvicorn
+
+    from streamvae import server
+
+    assert (server._glibc_malloc_trim() is not None) == (platform.libc_ver()[0] == "glibc")
+    trims: list[str] = []
+    apps: list[Any] = []
+    monkeypatch.setattr(server, "_glibc_malloc_trim", lambda: lambda: trims.append("trim"))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: apps.append(app))
+    server.serve(port=0, session_options=PINNED)
+    with running_server(apps[0]) as url:
+        assert httpx.get(f"{url}/video.mp4?frames=5&size=32", timeout=120).status_code == 200
+        assert httpx.get(f"{url}/stats", timeout=60).status_code == 200
+        assert httpx.get(f"{url}/", timeout=60).status_code == 200
+    assert trims == ["trim"]  # the server has shut down: every response's work is over
 
 
 async def test_the_app_mounts_under_a_prefix_in_another_app(events: EventLog) -> None:

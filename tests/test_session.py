@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import Any
@@ -11,12 +12,20 @@ import pytest
 import torch
 
 from streamvae import ChunkedVideoMP4Session, SessionClosedError
-from streamvae.encode import open_containers
-from tests._media import foreign_threads, moving_pattern, psnr, read_mp4, to_rgb_uint8, wan_like_chunks
+from streamvae.encode import EntryEncoder, open_containers
+from tests._media import (
+    DETERMINISTIC_X264,
+    foreign_threads,
+    moving_pattern,
+    psnr,
+    read_mp4,
+    to_rgb_uint8,
+    wan_like_chunks,
+)
 
 pytestmark = pytest.mark.anyio
 
-PINNED = {"threads": "1"}
+PINNED = DETERMINISTIC_X264  # byte-identical MP4s for identical frames
 
 
 async def stream_chunks(
@@ -313,6 +322,99 @@ async def test_push_after_finish_and_finish_twice_are_errors() -> None:
         await ChunkedVideoMP4Session(value_range=(-1, 1), fps=16).push(moving_pattern(0, 1))
 
 
+def chunks_with_nan(frame: int, count: int = 5, **kwargs: int) -> list[torch.Tensor]:
+    """Four Wan-like chunks (frames 0, 1–4, 5–8, 9–12) with ``count`` NaN values in ``frame``."""
+    chunks = wan_like_chunks(4, **kwargs)
+    index = 0 if frame == 0 else (frame - 1) // 4 + 1
+    start = 0 if index == 0 else 4 * index - 3
+    chunks[index][0, 1, frame - start, 3, :count] = float("nan")
+    return chunks
+
+
+@pytest.mark.parametrize("transfer_slots", [0, 2])
+@pytest.mark.parametrize("batch_frames", [1, 3])
+@pytest.mark.parametrize("pixel_format", ["rgb24", "yuv420p"])
+async def test_nan_in_a_chunk_fails_the_session_naming_its_frames_and_the_count(
+    pixel_format: str, batch_frames: int, transfer_slots: int
+) -> None:
+    frames = "frame 6 holds" if batch_frames == 1 else "frames 6–8 hold"
+    session = ChunkedVideoMP4Session(
+        value_range=(-1, 1),
+        fps=16,
+        pixel_format=pixel_format,  # type: ignore[arg-type]
+        batch_frames=batch_frames,
+        transfer_slots=transfer_slots,
+        video_codec_options=PINNED,
+    )
+    with pytest.raises(ValueError, match=rf"^{frames} 5 NaN values \(pushed chunk 2, .*float16"):
+        async with session:
+            for chunk in chunks_with_nan(6, batch=2):
+                await session.push(chunk)  # raises here once the error is recorded ...
+            await session.finish()  # ... or here
+    assert session.ring is None or session.ring.slots_in_use == 0
+    assert open_containers() == 0
+
+
+async def test_nan_in_a_group_that_spans_two_chunks_names_both() -> None:
+    with pytest.raises(ValueError, match=r"^frames 3–5 hold 1 NaN value \(pushed chunks 1–2, "):
+        await stream_chunks(chunks_with_nan(5, count=1), batch_frames=3)
+
+
+async def test_infinities_are_clamped_to_the_value_range_not_errors() -> None:
+    chunks = wan_like_chunks(3)
+    chunks[1][:, :, 1] = float("inf")
+    chunks[1][:, :, 2] = float("-inf")
+    videos, _ = await stream_chunks(chunks)
+    frames = read_mp4(videos[0]).frames
+    assert frames.shape[0] == 9
+    assert frames[2].min() >= 250 and frames[3].max() <= 5  # white and black
+
+
+@pytest.mark.parametrize("pixel_format", ["rgb24", "yuv420p"])
+async def test_nonfinite_ignore_encodes_frames_with_nan_anyway(pixel_format: str) -> None:
+    videos, _ = await stream_chunks(chunks_with_nan(6), nonfinite="ignore", pixel_format=pixel_format)
+    assert read_mp4(videos[0]).frames.shape[0] == 13
+
+
+@pytest.mark.parametrize("value", ["raise", None, True])
+def test_nonfinite_must_be_error_or_ignore(value: object) -> None:
+    with pytest.raises(ValueError, match=r"nonfinite must be 'error' or 'ignore', got"):
+        ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, nonfinite=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("pixel_format", ["rgb24", "yuv420p"])
+async def test_prepare_allocates_no_float_temporary_the_size_of_a_chunk(
+    pixel_format: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    largest: list[int] = []
+    quantize_groups = ChunkedVideoMP4Session._quantize_groups
+
+    def profiled(self: ChunkedVideoMP4Session, *args: Any) -> Any:
+        # In the prepare stage's worker thread: what does quantizing one chunk allocate?
+        with torch.autograd.profiler.profile(profile_memory=True, use_kineto=False) as profiler:
+            result = quantize_groups(self, *args)
+        largest.append(max(e.cpu_memory_usage for e in profiler.function_events))
+        return result
+
+    monkeypatch.setattr(ChunkedVideoMP4Session, "_quantize_groups", profiled)
+    chunks = wan_like_chunks(5, height=128, width=192)
+    await stream_chunks(chunks, pixel_format=pixel_format)
+    group = (128 * 192 * 3) if pixel_format == "rgb24" else (128 * 192 * 3 // 2)  # one frame of uint8
+    # The first chunk allocates the scratch the session keeps (at most a frame of float32); after it,
+    # only each group's uint8 frames: no chunk-sized float32 temporary, no regrouping copies.
+    assert largest[0] < chunks[1].numel() * 4
+    assert max(largest[1:]) <= group
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+@pytest.mark.parametrize("transfer_slots", [0, 2])
+async def test_cuda_nan_is_counted_on_the_device_and_fails_the_session(transfer_slots: int) -> None:
+    chunks = [c.cuda() for c in chunks_with_nan(6, batch=2)]
+    with pytest.raises(ValueError, match=r"^frame 6 holds 5 NaN values \(pushed chunk 2, "):
+        await stream_chunks(chunks, transfer_slots=transfer_slots)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.cuda
 async def test_cuda_chunks_take_the_device_yuv_path_through_pinned_slots() -> None:
@@ -334,3 +436,51 @@ async def test_cuda_chunks_take_the_device_yuv_path_through_pinned_slots() -> No
         mp4 = read_mp4(data)
         assert mp4.frames.shape == (17, 64, 96, 3)
         assert psnr(mp4.frames, reference[entry]) >= 35
+
+
+async def test_sessions_sharing_an_encode_budget_never_encode_more_at_once_than_its_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    budget = anyio.CapacityLimiter(1)
+    lock = threading.Lock()
+    running = peak = 0
+    threads: list[str] = []
+
+    def counted(method: Any) -> Any:
+        def call(self: EntryEncoder, *args: Any) -> Any:
+            nonlocal running, peak
+            with lock:
+                running += 1
+                peak = max(peak, running)
+                threads.append(self.codec_options["threads"])
+            try:
+                assert budget.borrowed_tokens == 1  # this call holds the shared token
+                return method(self, *args)
+            finally:
+                with lock:
+                    running -= 1
+
+        return call
+
+    for name in ("encode", "finish", "close"):
+        monkeypatch.setattr(EntryEncoder, name, counted(getattr(EntryEncoder, name)))
+    results: dict[str, list[bytes]] = {}
+
+    async def run(name: str, codec_options: dict[str, str]) -> None:
+        chunks = wan_like_chunks(4, batch=2, height=32, width=32)
+        results[name], _ = await stream_chunks(
+            chunks, encode_limiter=budget, video_codec_options=codec_options
+        )
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run, "default threads", {})
+        group.start_soon(run, "pinned threads", {"threads": "2"})
+    # Two sessions of two entries each: four encoders, and never two of their calls at once.
+    assert peak == 1
+    assert set(threads) == {"1", "2"}  # threads defaults to 1 under a budget; a pinned value stays
+    assert all(read_mp4(v).frames.shape[0] == 13 for videos in results.values() for v in videos)
+
+
+def test_encode_limiter_must_be_a_capacity_limiter() -> None:
+    with pytest.raises(TypeError, match="encode_limiter"):
+        ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, encode_limiter=2)  # type: ignore[arg-type]

@@ -12,11 +12,11 @@ import pytest
 
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream, SessionClosedError
 from streamvae.encode import open_containers
-from tests._media import moving_pattern, read_mp4, wan_like_chunks
+from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4, wan_like_chunks
 
 pytestmark = pytest.mark.anyio
 
-PINNED = {"threads": "1"}
+PINNED = DETERMINISTIC_X264  # byte-identical MP4s for identical frames
 
 
 async def read_all(stream: MP4ByteStream, into: list[bytes]) -> None:
@@ -124,13 +124,15 @@ async def test_fragmented_file_output_is_written_progressively_and_plays(tmp_pat
         value_range=(-1, 1), fps=16, output="fragmented", output_files=[path], video_codec_options=PINNED
     ) as session:
         sizes = []
+        partial = path.with_name("out.mp4.part")  # the final name appears only once the MP4 is complete
         for chunk in wan_like_chunks(13):
             await session.push(chunk)
-            sizes.append(path.stat().st_size if path.exists() else 0)
+            assert not path.exists()
+            sizes.append(partial.stat().st_size if partial.exists() else 0)
         (video,) = await session.finish()
-    assert path.read_bytes() == video
+    assert path.read_bytes() == video and not partial.exists()
     assert read_mp4(video).frames.shape[0] == 49
-    assert 0 < max(sizes[:-1]) < len(video)  # bytes reached the file before the end
+    assert 0 < max(sizes[:-1]) < len(video)  # bytes reached the disk before the end
 
 
 async def test_an_aborted_session_leaves_no_partial_file(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from streamvae import ChunkTransferStats, PinnedChunkRing, RingAbortedError
+from streamvae.transfer import host_lease
 
 pytestmark = pytest.mark.anyio
 
@@ -219,3 +220,38 @@ async def test_landing_is_awaited_by_polling_and_abandoned_on_cancel_or_abort() 
     with pytest.raises(ValueError, match="peer died"):
         await other.wait_landed()
     assert ring.slots_in_use == 1  # the in-flight copy's slot stays out of the pool
+
+
+async def test_an_extra_tensor_travels_with_its_chunk_and_is_read_once_landed() -> None:
+    ring = PinnedChunkRing(1, "cpu")
+    count = torch.tensor(5)
+    lease = await ring.transfer(frames(1), readers=1, extra=count)
+    copy = PendingCopy()
+    lease._copy_done, lease._landed = copy, False
+    with pytest.raises(RuntimeError, match="before the copy landed"):
+        lease.extra  # noqa: B018
+    copy.done = True
+    await lease.wait_landed()
+    count += 1  # the slot holds its own copy
+    assert lease.extra is not None and int(lease.extra) == 5
+    lease.release()
+    plain = await ring.transfer(frames(2), readers=1)
+    await plain.wait_landed()
+    assert plain.extra is None
+    plain.release()
+    blocking = host_lease(frames(3), readers=1, extra=torch.tensor(7))
+    assert blocking.extra is not None and int(blocking.extra) == 7
+    with pytest.raises(ValueError, match="extra are on"):
+        await PinnedChunkRing(1, "cpu").transfer(frames(1), readers=1, extra=torch.tensor(1, device="meta"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+async def test_cuda_ring_copies_an_extra_tensor_into_a_pinned_buffer_with_its_chunk() -> None:
+    ring = PinnedChunkRing(1, "cuda")
+    source = torch.full((1, 2, 64, 64, 3), 9, dtype=torch.uint8, device="cuda")
+    count = torch.isnan(torch.tensor([float("nan"), 1.0, float("nan")], device="cuda")).sum()
+    lease = await ring.transfer(source, readers=1, extra=count)
+    await lease.wait_landed()
+    assert lease.extra is not None and lease.extra.is_pinned() and int(lease.extra) == 2
+    lease.release()

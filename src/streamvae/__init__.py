@@ -7,7 +7,14 @@ host transfer → H.264 encode while later chunks still decode. Runs on asyncio 
 from streamvae.decode import decode_to_mp4, stream_mp4
 from streamvae.protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
 from streamvae.quantize import quantize_chunk, quantize_chunk_yuv420
-from streamvae.session import ChunkedVideoMP4Session, MP4ByteStream, SessionClosedError, StageSpan
+from streamvae.session import (
+    ChunkedVideoMP4Session,
+    MP4ByteStream,
+    SessionClosedError,
+    StageSpan,
+    UnreadStreamError,
+    read_entries,
+)
 from streamvae.transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, RingAbortedError
 
 __all__ = [
@@ -21,10 +28,12 @@ __all__ = [
     "SessionClosedError",
     "StageSpan",
     "SupportsChunkedVAEDecode",
+    "UnreadStreamError",
     "decode_to_mp4",
     "publish_chunks",
     "quantize_chunk",
     "quantize_chunk_yuv420",
+    "read_entries",
     "stream_mp4",
 ]
 

@@ -4,7 +4,10 @@
 ``torch.save`` or safetensors with a local diffusers VAE; ``serve`` runs the streaming server. Each decode
 shows a progress bar (frames decoded and encoded, fps, ETA) and ends with a one-line summary (frames,
 seconds, time to the first MP4 byte, output size). The MP4s are written as they are encoded: fragmented
-MP4 by default, so the first bytes are on disk long before the decode ends.
+MP4 by default, so the first bytes are on disk, in a temporary ``<name>.part`` file beside the output, long
+before the decode ends; the output's own name appears when its MP4 is complete, and a failed run leaves
+whatever was there before. Every problem with the input is reported as one ``streamvae: error: …`` line
+with exit status 1.
 
 rich (the progress bar) and starlette / uvicorn (``serve``) are optional: the library never imports them,
 and this module only when they are used (``pip install 'streamvae[serve]'``).
@@ -13,6 +16,7 @@ and this module only when they are used (``pip install 'streamvae[serve]'``).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import time
@@ -20,7 +24,7 @@ import wave
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import av
@@ -29,12 +33,18 @@ import torch
 from torch import Tensor
 
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream, stream_mp4
+from streamvae.encode import as_fps
 
 __all__ = ["CliError", "main"]
 
 
 class CliError(Exception):
     """A problem with the command's input, reported as one line without a traceback."""
+
+
+# What a user's input can make the decode raise (a codec option, an output path); anything else is a bug
+# and keeps its traceback.
+_USER_ERRORS = (CliError, ValueError, TypeError, OSError, av.error.FFmpegError)
 
 
 @dataclass
@@ -53,8 +63,8 @@ class DecodeSummary:
     """What the summary line reports."""
 
     frames: int  # per entry
-    width: int
-    height: int
+    width: int | None  # None if the MP4's header could not be read back
+    height: int | None
     seconds: float
     first_byte_seconds: float | None
     bytes_out: int
@@ -63,8 +73,9 @@ class DecodeSummary:
     def line(self) -> str:
         names = ", ".join(str(p) for p in self.outputs)
         first = "-" if self.first_byte_seconds is None else f"{self.first_byte_seconds:.2f} s"
+        size = "" if self.width is None else f" {self.width}×{self.height}"
         return (
-            f"{names}: {self.frames} frames {self.width}×{self.height} in {self.seconds:.2f} s "
+            f"{names}: {self.frames} frames{size} in {self.seconds:.2f} s "
             f"({self.frames / self.seconds:.1f} fps), first byte after {first}, "
             f"{_human_bytes(self.bytes_out)}"
         )
@@ -83,51 +94,64 @@ def _human_bytes(count: int) -> str:
 
 
 async def run_decode(job: DecodeJob, *, progress: bool = True) -> DecodeSummary:
-    """Decode ``job``, writing each entry's MP4 to its path as it is encoded, with a progress bar."""
+    """Decode ``job`` into its output files, with a progress bar.
+
+    The session writes the files (``output_files``): each appears at its path, complete, when its MP4 is.
+    The byte streams are read alongside only to keep the decode going and to time the first byte.
+    """
     started = time.perf_counter()
     first_byte: list[float] = []
+    frame_size: list[tuple[int, int]] = []
     sessions: list[ChunkedVideoMP4Session] = []
     reporter = _progress_reporter(job.frames) if progress else None
 
-    async def write(stream: MP4ByteStream, path: Path) -> None:
-        async with await anyio.open_file(path, "wb") as file:
-            async for data in stream:
-                if not first_byte:
-                    first_byte.append(time.perf_counter() - started)
-                await file.write(data)
+    async def drain(stream: MP4ByteStream) -> None:
+        head = bytearray()  # entry 0's first bytes, until its header (the frame size) can be read
+        async for data in stream:
+            if not first_byte:
+                first_byte.append(time.perf_counter() - started)
+            if stream.entry == 0 and not frame_size and len(head) < _HEADER_LIMIT:
+                head += data
+                size = _frame_size(bytes(head))
+                if size is not None:
+                    frame_size.append(size)
 
     try:
         async with anyio.create_task_group() as group:
-            if reporter is not None:
-                group.start_soon(reporter.run, sessions)
             async with (
                 stream_mp4(
-                    job.vae, job.latents, on_session=sessions.append, **job.session_options
+                    job.vae,
+                    job.latents,
+                    on_session=sessions.append,
+                    output_files=job.outputs,
+                    **job.session_options,
                 ) as streams,
-                anyio.create_task_group() as writers,  # every entry at once: they share one pipeline
+                anyio.create_task_group() as drains,  # every entry at once: they share one pipeline
             ):
-                for stream, path in zip(streams, job.outputs, strict=True):
-                    writers.start_soon(write, stream, path)
+                if reporter is not None:  # only now: a session the options failed to make shows no bar
+                    group.start_soon(reporter.run, sessions)
+                for stream in streams:
+                    drains.start_soon(drain, stream)
             seconds = time.perf_counter() - started
             if reporter is not None:
                 reporter.stop(sessions[0])
             group.cancel_scope.cancel()
     except BaseExceptionGroup as errors:
         raise _unwrap(errors) from None
-    width, height = _frame_size(job.outputs[0])
+    width, height = frame_size[0] if frame_size else (None, None)
     return DecodeSummary(
         frames=sessions[0].frames_pushed,
         width=width,
         height=height,
         seconds=seconds,
         first_byte_seconds=first_byte[0] if first_byte else None,
-        bytes_out=sum(path.stat().st_size for path in job.outputs),
+        bytes_out=sessions[0].bytes_out,
         outputs=job.outputs,
     )
 
 
-def _unwrap(errors: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The one error behind ``errors`` (every writer of a failed session raises the same one)."""
+def _leaves(errors: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The distinct errors inside ``errors`` and its nested groups."""
     leaves: list[BaseException] = []
     pending: list[BaseException] = [errors]
     while pending:
@@ -136,14 +160,29 @@ def _unwrap(errors: BaseExceptionGroup[BaseException]) -> BaseException:
             pending.extend(error.exceptions)
         elif not any(error is seen for seen in leaves):
             leaves.append(error)
+    return leaves
+
+
+def _unwrap(errors: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The one error behind ``errors`` (every reader of a failed session raises the same one)."""
+    leaves = _leaves(errors)
     return leaves[0] if len(leaves) == 1 else errors
 
 
-def _frame_size(path: Path) -> tuple[int, int]:
-    """Width and height of the video in the MP4 at ``path`` (as written, after any crop)."""
-    with av.open(str(path)) as container:
-        video = container.streams.video[0]
-        return video.codec_context.width, video.codec_context.height
+# The header of a fragmented MP4 comes with its first fragment; a plain MP4 arrives whole.
+_HEADER_LIMIT = 1 << 22
+
+
+def _frame_size(head: bytes) -> tuple[int, int] | None:
+    """Width and height of the video in an MP4's first bytes (as written, after any crop), if it has them."""
+    try:
+        with av.open(io.BytesIO(head), mode="r") as container:
+            if not container.streams.video:
+                return None
+            context = container.streams.video[0].codec_context
+            return context.width, context.height
+    except av.error.FFmpegError:  # not enough of the file yet
+        return None
 
 
 class _Reporter:
@@ -407,8 +446,6 @@ def _run_job(args: argparse.Namespace, build: Callable[[argparse.Namespace], Dec
 
         anyio.run(lambda: decode_to_mp4(job.vae, job.latents, **job.session_options), backend=args.backend)
         return 0
-    for path in job.outputs:
-        path.parent.mkdir(parents=True, exist_ok=True)
     summary = anyio.run(lambda: run_decode(job, progress=not args.quiet), backend=args.backend)
     print(summary.line())
     return 0
@@ -431,10 +468,60 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+_X264_PRESETS = (
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
+
+
+def _fps(text: str) -> float:
+    try:
+        fps = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    try:
+        as_fps(fps)  # the session's own rule, checked before anything is decoded
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return fps
+
+
+def _crf(text: str) -> int:
+    try:
+        crf = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= crf <= 51:
+        raise argparse.ArgumentTypeError(f"must be from 0 (lossless) to 51, got {crf}")
+    return crf
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error reported like any other input error: one line, exit status 1."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see {self.prog} --help)")
+
+
 def _add_encode_options(parser: argparse.ArgumentParser, *, fps: float) -> None:
-    parser.add_argument("--fps", type=float, default=fps, help=f"frames per second (default {fps:g})")
-    parser.add_argument("--crf", type=int, help="x264 constant rate factor (default 18; lower is better)")
-    parser.add_argument("--preset", help="x264 preset: ultrafast … veryslow (default veryfast)")
+    parser.add_argument("--fps", type=_fps, default=fps, help=f"frames per second (default {fps:g})")
+    parser.add_argument(
+        "--crf", type=_crf, help="x264 constant rate factor, 0–51 (default 18; lower is better)"
+    )
+    parser.add_argument(
+        "--preset",
+        choices=_X264_PRESETS,
+        metavar="PRESET",
+        help="x264 preset: ultrafast … veryslow (default veryfast)",
+    )
     parser.add_argument(
         "--container",
         choices=["fragmented", "mp4"],
@@ -449,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``streamvae``."""
     from streamvae.demo import DEMO_FPS
 
-    parser = argparse.ArgumentParser(prog="streamvae", description="Stream a video VAE's decode into MP4.")
+    parser = _Parser(prog="streamvae", description="Stream a video VAE's decode into MP4.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser("demo", help="decode the embedded seeded demo VAE (no download)")
@@ -496,14 +583,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (1 for a problem with the input)."""
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit status (1 for a problem with the input, reported in one
+    ``streamvae: error: …`` line on stderr)."""
     try:
+        args = build_parser().parse_args(argv)
         status: int = args.run(args)
-    except CliError as error:
-        print(f"streamvae: error: {error}", file=sys.stderr)
-        return 1
-    except av.error.FFmpegError as error:  # a codec option FFmpeg rejects (--preset, --crf)
-        print(f"streamvae: error: the encoder failed: {error}", file=sys.stderr)
+    except Exception as error:
+        reported = _user_error(error)
+        if reported is None:
+            raise
+        print(f"streamvae: error: {_describe(reported)}", file=sys.stderr)
         return 1
     return status
+
+
+def _user_error(error: BaseException) -> BaseException | None:
+    """The error to report for ``error`` if the user's input caused it (a group: its first), else None."""
+    leaves = _leaves(error) if isinstance(error, BaseExceptionGroup) else [error]
+    return leaves[0] if all(isinstance(leaf, _USER_ERRORS) for leaf in leaves) else None
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, av.error.FFmpegError):  # a codec option FFmpeg rejects
+        text = f"the encoder failed: {error}"
+    elif isinstance(error, OSError) and error.filename is not None and error.strerror:
+        text = f"{error.filename}: {error.strerror}"  # an output path that cannot be written
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())  # one line, whatever the message held

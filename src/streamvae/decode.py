@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import torch
 from torch import Tensor
 
 from streamvae.protocol import SupportsChunkedVAEDecode, check_latents
@@ -25,6 +26,10 @@ __all__ = ["as_chunked_decoder", "decode_to_mp4", "stream_mp4"]
 
 class _DecodeAbandoned(Exception):
     """Raised inside ``on_chunk`` when the caller was cancelled, so the decode stops publishing."""
+
+
+class _SessionFailed(Exception):
+    """Raised inside ``on_chunk`` when the session has failed, so the decode stops publishing."""
 
 
 def as_chunked_decoder(vae: Any) -> SupportsChunkedVAEDecode:
@@ -81,7 +86,7 @@ async def decode_to_mp4(
     async with session:
         if on_session is not None:
             on_session(session)
-        await _decode_into(decoder, z, session, limiter)
+        await _decode_into(decoder, z, session, limiter, "decode_to_mp4")
         return await session.finish()
 
 
@@ -118,7 +123,7 @@ async def stream_mp4(
     async def run() -> None:
         with decode_scope:
             try:
-                await _decode_into(decoder, z, session, limiter)
+                await _decode_into(decoder, z, session, limiter, "stream_mp4")
                 await session.finish()
             except Exception as error:
                 session._abort(error)  # surfaces through the streams and when the block ends
@@ -141,6 +146,7 @@ async def _decode_into(
     z: Tensor,
     session: ChunkedVideoMP4Session,
     limiter: anyio.CapacityLimiter,
+    owner: str,
 ) -> None:
     """Run the decode in a worker thread, pushing each chunk into ``session`` with backpressure."""
 
@@ -148,15 +154,25 @@ async def _decode_into(
         try:
             anyio.from_thread.check_cancelled()
             session.push_from_thread(chunk)
-        except Exception:
+        except Exception as error:
+            if any(error is failure for failure in session._errors):
+                # The session's own error stays on the loop's side: the same object raised here too
+                # would carry the loop's frames into a traceback that the decoder clears (the failure
+                # rule), and clearing a suspended coroutine's frame closes the coroutine.
+                raise _SessionFailed from None
             raise
         except BaseException as cancelled:  # trio's Cancelled / asyncio's CancelledError
             raise _DecodeAbandoned("the caller of decode_to_mp4 was cancelled") from cancelled
 
+    def decode() -> None:
+        check_finite_latents(z, owner=owner)
+        decoder.decode_with_chunks(z, on_chunk=on_chunk)
+
     try:
-        await anyio.to_thread.run_sync(
-            lambda: decoder.decode_with_chunks(z, on_chunk=on_chunk), limiter=limiter
-        )
+        await anyio.to_thread.run_sync(decode, limiter=limiter)
+    except _SessionFailed:
+        session._raise_if_failed()  # the original error, raised where the caller waits
+        raise
     except BaseException:
         # The decode has ended (the thread is never abandoned); a cancelled caller sees its cancellation
         # rather than what the interrupted bridge raised.
@@ -168,4 +184,23 @@ def _decode_without_output(decoder: SupportsChunkedVAEDecode, z: Tensor) -> None
     def on_chunk(chunk: Tensor) -> None:
         raise RuntimeError("a decoder that is not the output rank published a chunk")
 
+    check_finite_latents(z, owner="decode_to_mp4")
     decoder.decode_with_chunks(z, on_chunk=on_chunk)
+
+
+def check_finite_latents(z: Tensor, *, owner: str) -> None:
+    """Raise ValueError if ``z`` holds NaN or ±inf: such a latent decodes to a black or garbage video.
+
+    Runs in the decode worker, before the first decoder step (and so before a sharded decode's first
+    collective, on every rank alike): for a CUDA latent it is a host synchronization, which must not
+    stall the event loop.
+    """
+    finite = torch.isfinite(z)
+    if bool(finite.all()):
+        return
+    nan = int(torch.isnan(z).sum())
+    inf = z.numel() - int(finite.sum()) - nan
+    raise ValueError(
+        f"{owner}: z must be finite, but {nan} of its {z.numel()} values are NaN and {inf} are ±inf "
+        "(a diverged sampler, or a float16 overflow before the decode); nothing was decoded"
+    )

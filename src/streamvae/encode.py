@@ -8,10 +8,12 @@ value of :meth:`EntryEncoder.encode` / :meth:`EntryEncoder.finish`, between fram
 
 from __future__ import annotations
 
+import difflib
+import functools
 import io
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -20,11 +22,14 @@ import av
 import numpy as np
 from av.video.reformatter import ColorRange, Colorspace
 
+from streamvae._output_file import OutputFile
+
 __all__ = [
     "EntryEncoder",
     "OutputKind",
     "PixelFormat",
     "as_fps",
+    "check_video_codec",
     "check_waveform",
     "default_codec_options",
     "merge_codec_options",
@@ -53,6 +58,34 @@ def default_codec_options(codec: str) -> dict[str, str]:
     return {"crf": "18", "preset": "veryfast", "threads": str(min(4, os.cpu_count() or 1))}
 
 
+@functools.cache
+def _codec_option_names(codec: str) -> frozenset[str]:
+    options = av.codec.CodecContext.create(codec, "w").supported_options
+    return frozenset(option.name for option in (*options.generic, *options.private))
+
+
+def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -> None:
+    """Raise ValueError unless ``codec`` names a video encoder of this PyAV build and every key of
+    ``options`` is an option that encoder has (FFmpeg would silently ignore an unknown one)."""
+    if not isinstance(codec, str) or not codec:
+        raise ValueError(f"video_codec must be an FFmpeg video encoder name such as 'libx264', got {codec!r}")
+    try:
+        kind = av.codec.Codec(codec, "w").type
+    except av.codec.codec.UnknownCodecError:
+        raise ValueError(
+            f"video_codec {codec!r} is not an encoder of this PyAV build "
+            f"(FFmpeg {av.ffmpeg_version_info}); try 'libx264'"
+        ) from None
+    if kind != "video":
+        raise ValueError(f"video_codec {codec!r} is an {kind} encoder, not a video encoder; try 'libx264'")
+    known = _codec_option_names(codec)
+    for name in options or {}:
+        if name not in known:
+            nearest = difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean {' or '.join(map(repr, nearest))}?" if nearest else ""
+            raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
+
+
 # Options that choose another rate control than the default crf (x264 would let crf win over them).
 _RATE_CONTROL_OPTIONS = {"qp", "b", "bitrate", "cqp"}
 
@@ -67,12 +100,18 @@ def merge_codec_options(codec: str, options: Mapping[str, str] | None) -> dict[s
     return {**merged, **options}
 
 
+#: The frame rates a session accepts. Outside them the MP4 time base is not representable (1e-4 fps rounds
+#: to 0 with denominators up to 1001) or FFmpeg's muxer writes a file its own demuxer reads wrongly.
+MIN_FPS, MAX_FPS = Fraction(1, 1000), Fraction(1000)
+
+
 def as_fps(fps: object) -> Fraction:
-    """``fps`` as an exact rational (23.976 → 2997/125, 30000/1001 stays), or ValueError if it is not > 0."""
+    """``fps`` as an exact rational (23.976 → 2997/125, 30000/1001 stays), or ValueError unless it is a
+    number between 1/1000 and 1000."""
     if isinstance(fps, bool) or not isinstance(fps, (int, float, Fraction)):
-        raise ValueError(f"fps must be a positive number, got {fps!r}")
-    if not fps > 0 or fps != fps or fps == float("inf"):
-        raise ValueError(f"fps must be a positive, finite number, got {fps!r}")
+        raise ValueError(f"fps must be a number of frames per second, got {fps!r}")
+    if fps != fps or not MIN_FPS <= fps <= MAX_FPS:
+        raise ValueError(f"fps must be a number between 1/1000 and 1000 frames per second, got {fps!r}")
     return Fraction(fps).limit_denominator(1001)
 
 
@@ -89,7 +128,11 @@ def check_waveform(waveform: object, *, name: str) -> np.ndarray[Any, np.dtype[n
             f"{name} must be 1-D [samples] or 2-D [channels, samples] with 1 or 2 channels, "
             f"got shape {tuple(waveform.shape)}"
         )
-    return np.ascontiguousarray(waveform, dtype=np.float32)
+    waveform = np.ascontiguousarray(waveform, dtype=np.float32)
+    bad = int(waveform.size - np.count_nonzero(np.isfinite(waveform)))
+    if bad:
+        raise ValueError(f"{name} must be finite, but {bad} of its {waveform.size} samples are NaN or ±inf")
+    return waveform
 
 
 _open_containers = 0
@@ -116,6 +159,23 @@ class _ByteCollector:
         return data
 
 
+def _faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.BytesIO]:
+    """The ``io_open`` of a plain MP4 written into ``memory``.
+
+    faststart rewrites the file to move the moov up front: FFmpeg reopens it for reading, and a snapshot of
+    what was written so far is exactly what that second pass reads. A closure over the buffer alone: a bound
+    method of the encoder would make encoder → stream → container → encoder a cycle that only the garbage
+    collector frees: a server then grew by the x264 state of every MP4 it had written.
+    """
+
+    def io_open(url: str, flags: int, options: object) -> io.BytesIO:
+        if flags & 2:  # AVIO_FLAG_WRITE
+            return memory
+        return io.BytesIO(memory.getvalue())
+
+    return io_open
+
+
 class EntryEncoder:
     """The MP4 of one batch entry, written frame by frame from a worker thread.
 
@@ -123,7 +183,8 @@ class EntryEncoder:
     ``[T, H * 3 // 2, W]`` (planar yuv420p, BT.709 limited range, used as is). The container opens with the
     first frames and is always closed, by :meth:`finish` or :meth:`close`. Audio, when given, is muxed
     interleaved with the video as frames arrive, trimmed or padded with silence to the video's duration,
-    both tracks starting at 0.
+    both tracks starting at 0. With ``file``, the MP4 is also written to that path, which holds either
+    the complete file (after :meth:`finish`) or what it held before (see :class:`OutputFile`).
 
     Not thread-safe: one caller at a time (the session gives each entry its own task).
     """
@@ -159,7 +220,7 @@ class EntryEncoder:
         self._audio_stream: Any = None
         self._memory: io.BytesIO | None = None
         self._collector: _ByteCollector | None = None
-        self._file_handle: Any = None
+        self._file: OutputFile | None = None
         self._closed = False
 
     # -- opening --
@@ -176,9 +237,10 @@ class EntryEncoder:
         else:
             container_options["movflags"] = "+faststart"
             target = self._memory = io.BytesIO()
-            io_open = self._faststart_io_open
+            io_open = _faststart_io_open(self._memory)
         if self.file is not None:
-            self._file_handle = self.file.open("wb")
+            self._file = OutputFile(self.file)
+            self._file.open()
         global _open_containers
         self._container = av.open(target, mode="w", format="mp4", options=container_options, io_open=io_open)
         with _open_containers_lock:
@@ -193,14 +255,6 @@ class EntryEncoder:
         if self._audio is not None:
             layout = "mono" if self._audio.shape[0] == 1 else "stereo"
             self._audio_stream = self._container.add_stream("aac", rate=self._sample_rate, layout=layout)
-
-    def _faststart_io_open(self, url: str, flags: int, options: object) -> Any:
-        # faststart rewrites the file to move the moov up front: FFmpeg reopens it for reading, and a
-        # snapshot of what was written so far is exactly what that second pass reads.
-        if flags & 2:  # AVIO_FLAG_WRITE
-            return self._memory
-        assert self._memory is not None
-        return io.BytesIO(self._memory.getvalue())
 
     # -- encoding (worker thread) --
 
@@ -276,8 +330,8 @@ class EntryEncoder:
 
     def _take_output(self) -> bytes:
         data = self._collector.take() if self._collector is not None else b""
-        if data and self._file_handle is not None:
-            self._file_handle.write(data)
+        if data and self._file is not None:
+            self._file.write(data)
         self.bytes_out += len(data)
         return data
 
@@ -299,24 +353,25 @@ class EntryEncoder:
             self._close_container()
         if self._memory is not None:
             data = self._memory.getvalue()
-            if self._file_handle is not None:
-                self._file_handle.write(data)
+            if self._file is not None:
+                self._file.write(data)
             self.bytes_out += len(data)
         else:
             data = self._take_output()
-        self._close_file()
+        self._memory = self._collector = None  # handed over: keep no copy
+        if self._file is not None:
+            self._file.commit()  # the file appears at its path, complete, only now
         return data
 
     def close(self) -> None:
-        """Close the container without finishing (abort); a partly written output file is removed.
+        """Close the container without finishing (abort); the output file's path keeps what it had before
+        (only the temporary file is removed).
 
         Idempotent, and a no-op after :meth:`finish`.
         """
-        unfinished = self._file_handle is not None
         self._close_container()
+        self._memory = self._collector = None  # an aborted output is nobody's
         self._close_file()
-        if unfinished and self.file is not None:
-            self.file.unlink(missing_ok=True)  # a truncated MP4 would look like a result
 
     def _close_container(self) -> None:
         global _open_containers
@@ -326,8 +381,11 @@ class EntryEncoder:
             with _open_containers_lock:
                 _open_containers -= 1
             container.close()
+        # The streams hold the container and its codecs (x264's buffers and threads): let them go now,
+        # not whenever this encoder is dropped.
+        self._video = self._audio_stream = None
 
     def _close_file(self) -> None:
-        handle, self._file_handle = self._file_handle, None
-        if handle is not None:
-            handle.close()
+        file, self._file = self._file, None
+        if file is not None:
+            file.abort()  # a no-op once committed

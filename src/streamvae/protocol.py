@@ -7,8 +7,10 @@ quantizing, copying and encoding while later chunks are still being decoded.
 
 from __future__ import annotations
 
-import traceback
+import contextlib
+import inspect
 from collections.abc import Callable, Iterator
+from types import TracebackType
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
@@ -75,8 +77,23 @@ class ChunkPublisher:
         error, self.error = self.error, None
         if error is not None:
             # Frames in a traceback keep their locals (the chunk among them) alive as long as the error.
-            traceback.clear_frames(error.__traceback__)
+            _clear_plain_frames(error.__traceback__)
             raise error
+
+
+# Frames of generators and coroutines: clearing a suspended one closes it, and an error that the event
+# loop raised too (a session's failure, handed to every producer) can carry a caller's suspended frames.
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE
+_SUSPENDABLE |= inspect.CO_ASYNC_GENERATOR
+
+
+def _clear_plain_frames(tb: TracebackType | None) -> None:
+    """``traceback.clear_frames`` for the plain function frames of ``tb`` only."""
+    while tb is not None:
+        if not tb.tb_frame.f_code.co_flags & _SUSPENDABLE:
+            with contextlib.suppress(RuntimeError):  # a frame still executing keeps its locals
+                tb.tb_frame.clear()
+        tb = tb.tb_next
 
 
 def publish_chunks(

@@ -17,9 +17,13 @@ chunk and its session closes (no container, thread or slot outlives the request)
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, Literal
 
 import anyio
@@ -28,7 +32,7 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from torch import Tensor
 
 from streamvae.decode import stream_mp4
@@ -159,6 +163,7 @@ def create_app(
     max_frames: int = 257,
     max_size: int = 512,
     session_options: dict[str, Any] | None = None,
+    encode_limiter: anyio.CapacityLimiter | None = None,
     on_event: Callable[[ServerEvent], None] | None = None,
 ) -> Starlette:
     """The streaming app: ``/`` (page), ``/video.mp4`` (the decode, streamed) and ``/stats``.
@@ -166,13 +171,19 @@ def create_app(
     - ``vae``: what decodes (a diffusers VAE streamvae supports, or any
       :class:`streamvae.SupportsChunkedVAEDecode`); default the embedded :func:`streamvae.demo.demo_vae`.
       One instance serves every request: the adapters keep their decoder caches per decode.
-    - ``latents``: builds the latent for a request; it runs in a worker thread. Default
-      :func:`streamvae.demo.demo_latent` with the request's frames, size and seed (frames must be 1 + 4k,
-      size a multiple of 16, at most ``max_frames`` / ``max_size``).
+    - ``latents``: builds the latent for a request; it runs in a worker thread. It is only called with
+      1 ≤ frames ≤ ``max_frames``, 1 ≤ size ≤ ``max_size`` and 0 ≤ seed ≤ 2**64 − 1 (what
+      ``torch.Generator.manual_seed`` takes); any other value is a 400. Default
+      :func:`streamvae.demo.demo_latent` with the request's frames, size and seed (frames must also be
+      1 + 4k, size a multiple of 16).
     - ``max_concurrent``: decodes at once (also the worker threads decoding); ``max_queued``: requests
       that wait for a slot; more get 503 with ``Retry-After: retry_after``.
     - ``stall_timeout``: seconds a reader may take to accept a piece of the MP4 before it is cut off.
     - ``session_options``: extra :class:`streamvae.ChunkedVideoMP4Session` options (codec options, ...).
+    - ``encode_limiter``: the encode budget every request's session shares (its ``encode_limiter``
+      option); default one token per core (``os.cpu_count()``), with one x264 thread per encoder unless
+      ``session_options`` pins ``threads``. Without a shared budget each of N concurrent requests would
+      start its own multi-threaded encoder, and N × threads encoder threads would fight for the cores.
     - ``on_event``: called on the server's event loop with each :class:`ServerEvent`; keep it quick.
 
     The app's ``state.stats`` is the :class:`ServerStats` that ``/stats`` reports.
@@ -188,6 +199,10 @@ def create_app(
         raise ValueError(f"max_queued must be an int >= 0, got {max_queued!r}")
     if not stall_timeout > 0:
         raise ValueError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
+    if encode_limiter is not None and not isinstance(encode_limiter, anyio.CapacityLimiter):
+        raise TypeError(f"encode_limiter must be an anyio.CapacityLimiter, got {encode_limiter!r}")
+    if "encode_limiter" in (session_options or {}):
+        raise ValueError("pass encode_limiter to create_app(), not in session_options")
     endpoint = _VideoEndpoint(
         vae=vae if vae is not None else demo_vae(),
         latents=latents if latents is not None else _demo_latent,
@@ -198,6 +213,7 @@ def create_app(
         retry_after=retry_after,
         limits=(max_frames, max_size),
         session_options=dict(session_options or {}),
+        encode_limiter=encode_limiter,
         on_event=on_event,
     )
     page = _INDEX.replace("__MAX_FRAMES__", str(max_frames)).replace("__MAX_SIZE__", str(max_size))
@@ -217,6 +233,12 @@ def create_app(
     )
     app.state.stats = endpoint.stats
     return app
+
+
+#: the largest seed ``torch.Generator.manual_seed`` takes
+_MAX_SEED = 2**64 - 1
+#: ASCII digits only: ``int()`` would also take "1_000", " 5 " and other scripts' digits
+_INTEGER = re.compile(r"[+-]?[0-9]+")
 
 
 def _demo_latent(request: VideoRequest) -> Tensor:
@@ -242,6 +264,7 @@ class _VideoEndpoint:
         retry_after: int,
         limits: tuple[int, int],
         session_options: dict[str, Any],
+        encode_limiter: anyio.CapacityLimiter | None,
         on_event: Callable[[ServerEvent], None] | None,
     ) -> None:
         self.vae = vae
@@ -259,6 +282,7 @@ class _VideoEndpoint:
         # Made by the first request, on the loop that serves the app (the app may be built in another).
         self._slots: anyio.Semaphore | None = None
         self._decode_limiter: anyio.CapacityLimiter | None = None
+        self._encode_limiter = encode_limiter
 
     @property
     def slots(self) -> anyio.Semaphore:
@@ -274,6 +298,14 @@ class _VideoEndpoint:
         if self._decode_limiter is None:
             self._decode_limiter = anyio.CapacityLimiter(self.max_concurrent)
         return self._decode_limiter
+
+    @property
+    def encode_limiter(self) -> anyio.CapacityLimiter:
+        """Every encoder call of every session: one token per core, so concurrent requests share the
+        cores instead of each starting its own encoder threads."""
+        if self._encode_limiter is None:
+            self._encode_limiter = anyio.CapacityLimiter(os.cpu_count() or 1)
+        return self._encode_limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -316,19 +348,26 @@ class _VideoEndpoint:
             self._emit(outcome, request, number)
 
     def _parse(self, query: QueryParams) -> VideoRequest:
-        values: dict[str, int] = {}
-        for name, default in (("frames", 33), ("size", 128), ("seed", 0)):
-            text = query.get(name, str(default))
-            try:
-                values[name] = int(text)
-            except ValueError:
-                raise ValueError(f"{name} must be an integer, got {text!r}") from None
-        request = VideoRequest(**values)
+        """The request, or a ValueError (a 400) for any value the decode would not accept: a value that
+        fails later, in the latent builder or the session, would be a 500 for the client's mistake."""
         max_frames, max_size = self.limits
-        if request.frames > max_frames or request.size > max_size:
-            raise ValueError(f"at most {max_frames} frames of at most {max_size}×{max_size} pixels")
-        if request.seed < 0:
-            raise ValueError(f"seed must be >= 0, got {request.seed}")
+        values: dict[str, int] = {}
+        for name, default, low, high in (
+            ("frames", 33, 1, max_frames),
+            ("size", 128, 1, max_size),
+            ("seed", 0, 0, _MAX_SEED),
+        ):
+            text = query.get(name, str(default))
+            shown = text if len(text) <= 24 else text[:24] + "…"  # the error echoes no megabyte of query
+            if not _INTEGER.fullmatch(text):
+                raise ValueError(f"{name} must be an integer, got {shown!r}")
+            # More digits than any limit has is out of range whatever they are (and int() of thousands
+            # of digits is slow, then refused).
+            value = int(text) if len(text.lstrip("+-0")) <= 24 else high + 1
+            if not low <= value <= high:
+                raise ValueError(f"{name} must be at least {low} and at most {high}, got {shown}")
+            values[name] = value
+        request = VideoRequest(**values)
         if self.latents is _demo_latent:
             check_demo_request(request.frames, request.size)
         return request
@@ -346,7 +385,7 @@ class _VideoEndpoint:
         started = False
         try:
             z = await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)
-            options = {"fps": self.fps, **self.session_options}
+            options = {"fps": self.fps, **self.session_options, "encode_limiter": self.encode_limiter}
             async with stream_mp4(self.vae, z, decode_limiter=self.decode_limiter, **options) as (video,):
                 del z
                 async for data in video:
@@ -392,7 +431,58 @@ async def _no_receive() -> Message:
 
 
 def serve(*, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", **app_options: Any) -> None:
-    """Run :func:`create_app`'s app under uvicorn until interrupted (``streamvae serve``)."""
+    """Run :func:`create_app`'s app under uvicorn until interrupted (``streamvae serve``).
+
+    ``serve`` owns its process, so it also tunes the C allocator for a server that runs for days (glibc
+    only; on other C libraries it changes nothing): after each ``/video.mp4`` response ends it calls
+    ``malloc_trim(0)`` in a worker thread. Without it glibc keeps the pages a decode freed in the arenas of
+    the worker threads that freed them, and RSS creeps up for hundreds of requests; with it the process
+    hands them back to the system (measured: docs/benchmarks.md, "Soak"). It is not a leak fix, and
+    :func:`create_app` does none of it: the allocator is the process's, so only its entry point may tune
+    it — do the same in yours if you mount the app elsewhere.
+    """
     import uvicorn
 
-    uvicorn.run(create_app(**app_options), host=host, port=port, log_level=log_level)
+    app: ASGIApp = create_app(**app_options)
+    trim = _glibc_malloc_trim()
+    if trim is not None:
+        app = _TrimAfterVideo(app, trim)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _glibc_malloc_trim() -> Callable[[], object] | None:
+    """glibc's ``malloc_trim(0)``, or None where the C library is another (musl, macOS, Windows)."""
+    try:
+        libc = ctypes.CDLL(None)  # the process's own symbols
+        if not hasattr(libc, "gnu_get_libc_version"):  # only glibc has it
+            return None
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return partial(trim, 0)
+
+
+class _TrimAfterVideo:
+    """ASGI middleware of :func:`serve`: trims the allocator after each ``/video.mp4`` response."""
+
+    def __init__(self, app: ASGIApp, trim: Callable[[], object]) -> None:
+        self.app = app
+        self.trim = trim
+        self._limiter: anyio.CapacityLimiter | None = None  # made on the serving loop
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if scope["type"] == "http" and scope["path"].endswith("/video.mp4"):
+                with anyio.CancelScope(shield=True):
+                    await self._trim()
+
+    async def _trim(self) -> None:
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(1)
+        if self._limiter.borrowed_tokens:
+            return  # a trim is running: it covers every arena, this request's too
+        await anyio.to_thread.run_sync(self.trim, limiter=self._limiter)

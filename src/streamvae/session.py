@@ -15,8 +15,11 @@ everything; no worker thread, slot or container outlives the block.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -36,25 +39,64 @@ from anyio.streams.memory import (
 )
 from torch import Tensor
 
-from streamvae.encode import EntryEncoder, OutputKind, PixelFormat, as_fps, check_waveform
-from streamvae.quantize import check_chunk, check_value_range, quantize_chunk, quantize_chunk_yuv420
+from streamvae._output_file import check_output_files
+from streamvae.encode import (
+    EntryEncoder,
+    OutputKind,
+    PixelFormat,
+    as_fps,
+    check_video_codec,
+    check_waveform,
+)
+from streamvae.quantize import ChunkQuantizer, check_chunk, check_value_range
 from streamvae.transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, host_lease
 
-__all__ = ["ChunkedVideoMP4Session", "MP4ByteStream", "SessionClosedError", "StageSpan"]
+__all__ = [
+    "ChunkedVideoMP4Session",
+    "MP4ByteStream",
+    "SessionClosedError",
+    "StageSpan",
+    "UnreadStreamError",
+    "read_entries",
+]
 
 _CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
+#: how often a session with several byte streams looks for a reader that waits on an unread entry
+_READER_CHECK_SECONDS = 0.05
 
 
 class SessionClosedError(RuntimeError):
     """The session no longer accepts chunks (finished, aborted, or not entered)."""
 
 
+class UnreadStreamError(RuntimeError):
+    """A reader waits for an entry's bytes that cannot come, because another entry's stream is unread.
+
+    The entries of a session share one pipeline: while one entry's bounded buffer is full and nobody reads
+    it, no entry gets new frames. Read every entry at once — with :func:`read_entries`, or one task per
+    stream — instead of one after the other.
+    """
+
+    def __init__(self, waiting: int, unread: int) -> None:
+        super().__init__(
+            f"entry {waiting}'s reader waits for bytes that cannot come: entry {unread}'s stream is full and "
+            f"nobody has read it, which stops the pipeline every entry shares. Read the entries at once, "
+            f"with `async for entry, data in streamvae.read_entries(streams)` or one task per stream"
+        )
+        #: the entry whose reader was waiting
+        self.waiting = waiting
+        #: the entry whose full, unread stream stopped the pipeline
+        self.unread = unread
+
+
 @dataclass
 class _Prepared:
-    """A group of quantized frames on the chunk's device, ready to copy."""
+    """A group of quantized frames on the chunk's device, ready to copy once full."""
 
-    frames: Tensor  # [B, t, ...] uint8, contiguous
-    ready: Any  # torch.cuda.Event recorded after quantizing, or None
+    frames: Tensor  # [B, t, ...] uint8, contiguous; filled from the front
+    nan_count: Tensor | None  # NaN values quantized into it, on the device (None with nonfinite="ignore")
+    filled: int = 0  # frames quantized into it so far
+    ready: Any = None  # torch.cuda.Event recorded after its last frame was quantized, or None
 
 
 @dataclass(frozen=True)
@@ -82,20 +124,37 @@ class MP4ByteStream:
         self.entry = entry
         #: set once the entry's MP4 is complete (every byte has been handed to the stream)
         self.completed = False
+        self._read_started = False  # a reader has come: a full buffer is then not left behind for good
+        self._reading = False
 
     def __aiter__(self) -> MP4ByteStream:
         return self
 
     async def __anext__(self) -> bytes:
-        try:
-            return await self._receive.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError):
-            if self.completed:
+        with self._claim():
+            try:
+                return await self._receive.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                self._raise_end()
                 raise StopAsyncIteration from None
-            self._session._raise_if_failed()
-            raise SessionClosedError(
-                f"the session was aborted before entry {self.entry}'s MP4 was complete"
-            ) from None
+
+    @contextmanager
+    def _claim(self) -> Iterator[None]:
+        # Two readers would each get part of the bytes, and both MP4s would be corrupt.
+        if self._reading:
+            raise anyio.BusyResourceError("reading from")
+        self._reading = self._read_started = True
+        try:
+            yield
+        finally:
+            self._reading = False
+
+    def _raise_end(self) -> None:
+        """The stream ended: return if the MP4 is complete, else raise why it is not."""
+        if self.completed:
+            return
+        self._session._raise_if_failed()
+        raise SessionClosedError(f"the session was aborted before entry {self.entry}'s MP4 was complete")
 
     def statistics(self) -> MemoryObjectStreamStatistics:
         """The bounded buffer's statistics (``current_buffer_used``, ``max_buffer_size``, ...)."""
@@ -125,6 +184,7 @@ class _EntryOutput:
             raise SessionClosedError(
                 f"the reader of entry {self.entry}'s stream closed it before the MP4 was complete"
             ) from None
+        self.stream._session._notify_readers()
 
     def complete(self) -> None:
         """Every byte of the entry's MP4 has been written."""
@@ -134,6 +194,7 @@ class _EntryOutput:
     def close(self) -> None:
         if self.stream is not None:
             self.stream._send.close()
+            self.stream._session._notify_readers()
 
     def getvalue(self) -> bytes:
         return b"".join(self.parts)
@@ -165,9 +226,19 @@ class ChunkedVideoMP4Session:
     - ``output``: ``"mp4"`` (a complete MP4 with the moov first) or ``"fragmented"`` (fragmented MP4).
     - ``keyframe_interval``: frames between keyframes (codec option ``g``); fragmented MP4 writes a fragment
       per keyframe, so the default for it is one keyframe a second.
-    - ``output_files``: one path per batch entry to also write each MP4 to.
+    - ``output_files``: one path per batch entry to also write each MP4 to. A regular file is written to a
+      temporary ``<name>.part`` beside it and replaced only when complete (a failure removes only the
+      temporary file); a device or FIFO is written directly. Unwritable paths raise here, before any work.
     - ``queue_depth``: items each inter-stage stream holds before its sender waits.
     - ``record_timeline``: keep a :class:`StageSpan` per piece of stage work in :attr:`timeline`.
+    - ``nonfinite``: what a NaN in a chunk does. ``"error"`` (the default) fails the session with a
+      ValueError naming the frames: NaN is a broken decode (typically a float16 overflow in the VAE) that
+      would otherwise encode as black or green pixels. ``"ignore"`` encodes it anyway. ±inf is never an
+      error: it is clamped to ``value_range`` like any value outside it.
+    - ``encode_limiter``: an encode budget shared with other sessions (a server's): every encoder call of
+      this session runs under one of its tokens, and ``threads`` defaults to 1, so the encoder threads
+      running at once never exceed its tokens however many sessions run. Without it each session encodes
+      its entries side by side with the codec's default threads.
     """
 
     def __init__(
@@ -188,6 +259,8 @@ class ChunkedVideoMP4Session:
         output_files: Sequence[str | Path] | None = None,
         queue_depth: int = 1,
         record_timeline: bool = False,
+        nonfinite: Literal["error", "ignore"] = "error",
+        encode_limiter: anyio.CapacityLimiter | None = None,
     ) -> None:
         self.value_range = check_value_range(value_range)
         self.fps = as_fps(fps)
@@ -206,8 +279,8 @@ class ChunkedVideoMP4Session:
             raise ValueError(f"pixel_format must be 'auto', 'rgb24' or 'yuv420p', got {pixel_format!r}")
         if output not in ("mp4", "fragmented"):
             raise ValueError(f"output must be 'mp4' or 'fragmented', got {output!r}")
-        if not isinstance(video_codec, str) or not video_codec:
-            raise ValueError(f"video_codec must be an FFmpeg encoder name, got {video_codec!r}")
+        if nonfinite not in ("error", "ignore"):
+            raise ValueError(f"nonfinite must be 'error' or 'ignore', got {nonfinite!r}")
         if video_codec_options is not None and not (
             isinstance(video_codec_options, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in video_codec_options.items())
@@ -216,6 +289,7 @@ class ChunkedVideoMP4Session:
                 "video_codec_options must be a dict of FFmpeg option strings, e.g. "
                 f"{{'crf': '18', 'preset': 'veryfast'}}, got {video_codec_options!r}"
             )
+        check_video_codec(video_codec, video_codec_options)
         if keyframe_interval is not None:
             _check_int("keyframe_interval", keyframe_interval, minimum=1)
         elif output == "fragmented":
@@ -237,7 +311,7 @@ class ChunkedVideoMP4Session:
                 for i, w in enumerate(audio_waveforms)
             ]
         if output_files is not None:
-            output_files = [Path(p) for p in output_files]
+            output_files = check_output_files(output_files)
         self.audio_sample_rate = audio_sample_rate
         self.batch_frames = batch_frames
         self.crop = crop
@@ -249,6 +323,11 @@ class ChunkedVideoMP4Session:
         self.keyframe_interval = keyframe_interval
         self.output_files = output_files
         self.queue_depth = queue_depth
+        self.nonfinite = nonfinite
+        self._chunk_starts: deque[tuple[int, int]] = deque()  # (index, first frame) of chunks in flight
+        if encode_limiter is not None and not isinstance(encode_limiter, anyio.CapacityLimiter):
+            raise TypeError(f"encode_limiter must be an anyio.CapacityLimiter, got {encode_limiter!r}")
+        self.encode_limiter = encode_limiter
 
         #: the pixel path settled on at the first push
         self.pixel_format: PixelFormat | None = None
@@ -272,6 +351,8 @@ class ChunkedVideoMP4Session:
         self._outputs: list[_EntryOutput] = []
         self._streams: dict[int, MP4ByteStream] = {}
         self._chunks_send: MemoryObjectSendStream[tuple[Tensor, Any]] | None = None
+        self._loop_thread: int | None = None
+        self._bytes_arrived = anyio.Event()  # set (and replaced) when any stream gets bytes or ends
 
     # -- public counters --
 
@@ -300,6 +381,7 @@ class ChunkedVideoMP4Session:
         if self._state != "new":
             raise RuntimeError("a ChunkedVideoMP4Session can be entered once")
         self._token = anyio.lowlevel.current_token()
+        self._loop_thread = threading.get_ident()
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         self._state = "open"
@@ -338,6 +420,11 @@ class ChunkedVideoMP4Session:
         """
         if self._token is None:
             raise SessionClosedError("push_from_thread() before the session was entered")
+        if threading.get_ident() == self._loop_thread:
+            # It would block the event loop thread until the loop itself takes the chunk: forever.
+            raise RuntimeError(
+                "push_from_thread() was called on the event loop's thread; there, use `await session.push()`"
+            )
         anyio.from_thread.run(self._push, chunk, self._record_ready(chunk), token=self._token)
 
     async def finish(self) -> list[bytes]:
@@ -409,8 +496,11 @@ class ChunkedVideoMP4Session:
     def _check_chunk(self, chunk: object) -> None:
         chunk = check_chunk(chunk)
         batch, _, frames, height, width = chunk.shape
-        if frames == 0 or batch == 0:
-            raise ValueError(f"chunk must hold at least one frame of one entry, got shape {(batch, frames)}")
+        if 0 in (batch, frames, height, width):
+            raise ValueError(
+                "chunk must hold at least one frame of one entry, at least 1×1 pixels "
+                f"[batch, 3, frames, height, width], got shape {tuple(chunk.shape)}"
+            )
         if self._shape is not None:
             if (batch, height, width) != self._shape:
                 raise ValueError(
@@ -455,13 +545,17 @@ class ChunkedVideoMP4Session:
             self.pixel_format = self.requested_pixel_format
         if self.transfer_slots > 0:
             self.ring = PinnedChunkRing(self.transfer_slots, first.device)
+        codec_options = self.video_codec_options
+        if self.encode_limiter is not None:
+            # A shared budget counts encoder calls: one thread each keeps the threads at work within it.
+            codec_options = {"threads": "1", **codec_options}
         for entry in range(batch):
             self._encoders.append(
                 EntryEncoder(
                     fps=self.fps,
                     pixel_format=self.pixel_format,
                     video_codec=self.video_codec,
-                    video_codec_options=self.video_codec_options,
+                    video_codec_options=codec_options,
                     audio=None if self._waveforms is None else self._waveforms[entry],
                     audio_sample_rate=self.audio_sample_rate,
                     output=self.output,
@@ -490,23 +584,77 @@ class ChunkedVideoMP4Session:
         limiters = {
             "prepare": anyio.CapacityLimiter(1),
             "transfer": anyio.CapacityLimiter(1),
-            "encode": anyio.CapacityLimiter(len(self._encoders)),
+            "encode": (
+                self.encode_limiter
+                if self.encode_limiter is not None
+                else anyio.CapacityLimiter(len(self._encoders))
+            ),
         }
         try:
-            async with anyio.create_task_group() as stages:
-                self._stages_scope = stages.cancel_scope
-                stages.start_soon(self._stage, self._prepare, chunks, prepared_send, limiters["prepare"])
-                stages.start_soon(
-                    self._stage, self._transfer, prepared_receive, leases_send, limiters["transfer"]
-                )
-                stages.start_soon(self._stage, self._land, leases_receive, [s for s, _ in entry_streams])
-                for entry, (_, receive) in enumerate(entry_streams):
-                    stages.start_soon(self._stage, self._encode, entry, receive, limiters["encode"])
-                task_status.started()
+            async with anyio.create_task_group() as watch:
+                if len(self._streams) > 1:
+                    watch.start_soon(self._watch_readers, [receive for _, receive in entry_streams])
+                async with anyio.create_task_group() as stages:
+                    self._stages_scope = stages.cancel_scope
+                    stages.start_soon(self._stage, self._prepare, chunks, prepared_send, limiters["prepare"])
+                    stages.start_soon(
+                        self._stage, self._transfer, prepared_receive, leases_send, limiters["transfer"]
+                    )
+                    stages.start_soon(self._stage, self._land, leases_receive, [s for s, _ in entry_streams])
+                    for entry, (_, receive) in enumerate(entry_streams):
+                        stages.start_soon(self._stage, self._encode, entry, receive, limiters["encode"])
+                    task_status.started()
+                watch.cancel_scope.cancel()  # every stage has ended
         finally:
             if self.ring is not None:
                 self.ring.abort(self._errors[0] if self._errors else None)
             self._stages_done.set()
+
+    async def _watch_readers(self, entry_leases: list[MemoryObjectReceiveStream[ChunkLease]]) -> None:
+        """Fail the session with :class:`UnreadStreamError` instead of letting its readers hang.
+
+        Readers that take one entry to its end before starting the next wait forever once the unread
+        entry's buffer fills: its encoder stops, the land stage stops at it, and no entry gets new frames.
+        The state is checked a few times a second while it lasts and reported once seen twice in a row,
+        so a reader task that is about to start is not mistaken for one that never will.
+        """
+        suspect: tuple[int, int] | None = None
+        while True:
+            await anyio.sleep(_READER_CHECK_SECONDS)
+            stalled = self._stalled_readers(entry_leases)
+            if stalled is not None and stalled == suspect:
+                self._abort(UnreadStreamError(*stalled))
+                return
+            suspect = stalled
+
+    def _stalled_readers(
+        self, entry_leases: list[MemoryObjectReceiveStream[ChunkLease]]
+    ) -> tuple[int, int] | None:
+        """``(waiting, unread)`` when entry ``waiting``'s reader can only get bytes after entry ``unread``'s
+        never-read stream is read: the reader waits on an empty buffer, its encoder on an empty queue, and
+        the land stage on the unread entry's encoder, which waits on its full buffer."""
+        for waiting, stream in self._streams.items():
+            output, queue = stream.statistics(), entry_leases[waiting].statistics()
+            if output.tasks_waiting_receive == 0 or output.current_buffer_used:
+                continue
+            if queue.tasks_waiting_receive == 0 or queue.current_buffer_used:
+                continue
+            for unread, other in self._streams.items():
+                if unread == waiting or other._read_started:
+                    continue
+                full, landing = other.statistics(), entry_leases[unread].statistics()
+                if (
+                    full.current_buffer_used >= full.max_buffer_size
+                    and full.tasks_waiting_send
+                    and landing.tasks_waiting_send
+                ):
+                    return waiting, unread
+        return None
+
+    def _notify_readers(self) -> None:
+        """Wake :func:`read_entries`: some stream got bytes, ended, or the session failed."""
+        arrived, self._bytes_arrived = self._bytes_arrived, anyio.Event()
+        arrived.set()
 
     async def _stage(self, stage: Callable[..., Any], *args: Any) -> None:
         """Run one stage; its first real error aborts the pipeline instead of cancelling the caller."""
@@ -523,23 +671,33 @@ class ChunkedVideoMP4Session:
         prepared: MemoryObjectSendStream[_Prepared],
         limiter: anyio.CapacityLimiter,
     ) -> None:
-        carry: Tensor | None = None  # quantized frames short of a full group
+        # One quantizer and its scratch for the whole stream: no chunk-sized temporaries per chunk.
+        quantizer = ChunkQuantizer(self.value_range, self.pixel_format or "rgb24")
+        partial: _Prepared | None = None  # a group short of batch_frames frames
+        index = first = 0
         with chunks, prepared:
             async for chunk, ready in chunks:
+                if self.nonfinite == "error":
+                    self._chunk_starts.append((index, first))
+                index, first = index + 1, first + chunk.shape[2]
                 with self._span("prepare"):
-                    groups, carry = await anyio.to_thread.run_sync(
-                        self._quantize_groups, chunk, ready, carry, limiter=limiter
+                    groups, partial = await anyio.to_thread.run_sync(
+                        self._quantize_groups, quantizer, chunk, ready, partial, limiter=limiter
                     )
                 del chunk
                 for group in groups:
                     await prepared.send(group)
-            if carry is not None:
-                await prepared.send(_Prepared(carry, self._ready_after(carry)))
+            if partial is not None:
+                last = await anyio.to_thread.run_sync(self._last_group, partial, limiter=limiter)
+                await prepared.send(last)
 
     def _quantize_groups(
-        self, chunk: Tensor, ready: Any, carry: Tensor | None
-    ) -> tuple[list[_Prepared], Tensor | None]:
-        """Worker thread: crop, quantize and regroup one chunk into ``batch_frames``-frame groups."""
+        self, quantizer: ChunkQuantizer, chunk: Tensor, ready: Any, partial: _Prepared | None
+    ) -> tuple[list[_Prepared], _Prepared | None]:
+        """Worker thread: crop one chunk and quantize it straight into ``batch_frames``-frame groups.
+
+        Returns the full groups and the group still short of frames (filled further by the next chunk).
+        """
         if ready is not None:
             stream = torch.cuda.current_stream(chunk.device)
             stream.wait_event(ready)
@@ -547,16 +705,37 @@ class ChunkedVideoMP4Session:
             chunk.record_stream(stream)
         if self.crop is not None:
             chunk = chunk[..., : self.crop[0], : self.crop[1]]
-        quantize = quantize_chunk_yuv420 if self.pixel_format == "yuv420p" else quantize_chunk
-        with torch.no_grad():
-            frames = quantize(chunk, self.value_range)
-            if carry is not None:
-                frames = torch.cat([carry, frames], dim=1)
-            step = self.batch_frames
-            whole = frames.shape[1] // step * step
-            groups = [frames[:, i : i + step].contiguous() for i in range(0, whole, step)]
-            rest = frames[:, whole:].contiguous() if whole < frames.shape[1] else None
-        return [_Prepared(g, self._ready_after(g)) for g in groups], rest
+        batch, _, frames, height, width = chunk.shape
+        step, groups, start = self.batch_frames, [], 0
+        while start < frames:
+            if partial is None:
+                # A fresh buffer per group, not a pool: the ring's copy, or (transfer_slots=0) the
+                # encoders, may still read the last one.
+                device = chunk.device
+                shape = (batch, step, *quantizer.frame_shape(height, width))
+                partial = _Prepared(
+                    torch.empty(shape, dtype=torch.uint8, device=device),
+                    None if self.nonfinite == "ignore" else torch.zeros((), dtype=torch.int64, device=device),
+                )
+            take = min(frames - start, step - partial.filled)
+            quantizer.quantize_into(
+                chunk[:, :, start : start + take],
+                partial.frames[:, partial.filled : partial.filled + take],
+                partial.nan_count,
+            )
+            partial.filled += take
+            start += take
+            if partial.filled == step:
+                partial.ready = self._ready_after(partial.frames)
+                groups.append(partial)
+                partial = None
+        return groups, partial
+
+    def _last_group(self, partial: _Prepared) -> _Prepared:
+        """Worker thread: the stream's last group, short of ``batch_frames`` frames, made contiguous."""
+        partial.frames = partial.frames[:, : partial.filled].contiguous()
+        partial.ready = self._ready_after(partial.frames)
+        return partial
 
     @staticmethod
     def _ready_after(frames: Tensor) -> Any:
@@ -577,10 +756,18 @@ class ChunkedVideoMP4Session:
             async for group in prepared:
                 with self._span("transfer"):
                     if self.ring is not None:
-                        lease = await self.ring.transfer(group.frames, readers=readers, ready=group.ready)
+                        lease = await self.ring.transfer(
+                            group.frames, readers=readers, ready=group.ready, extra=group.nan_count
+                        )
                     else:
                         lease = await anyio.to_thread.run_sync(
-                            partial(host_lease, group.frames, readers=readers, ready=group.ready),
+                            partial(
+                                host_lease,
+                                group.frames,
+                                readers=readers,
+                                ready=group.ready,
+                                extra=group.nan_count,
+                            ),
                             limiter=limiter,
                         )
                 del group
@@ -595,15 +782,18 @@ class ChunkedVideoMP4Session:
         leases: MemoryObjectReceiveStream[ChunkLease],
         entries: list[MemoryObjectSendStream[ChunkLease]],
     ) -> None:
+        landed = 0  # frames (per entry) landed before this lease's
         with leases:
             try:
                 async for lease in leases:
                     try:
                         with self._span("land"):
                             await lease.wait_landed()
+                        self._check_no_nan(lease, landed)
                     except BaseException:
                         lease.discard()
                         raise
+                    landed += lease.shape[1]
                     for index, entry in enumerate(entries):
                         try:
                             await entry.send(lease)
@@ -615,6 +805,26 @@ class ChunkedVideoMP4Session:
             finally:
                 for entry in entries:
                     entry.close()
+
+    def _check_no_nan(self, lease: ChunkLease, first: int) -> None:
+        """Raise a ValueError if the landed group of frames ``first``… held NaN (``nonfinite="error"``)."""
+        if lease.extra is None:
+            return
+        last = first + lease.shape[1] - 1
+        starts = self._chunk_starts
+        while len(starts) > 1 and starts[1][1] <= first:
+            starts.popleft()  # chunks wholly before this group: no later group needs them
+        count = int(lease.extra)  # landed with the frames: reading it waits for nothing
+        if not count:
+            return
+        chunks = [index for index, start in starts if start <= last]
+        where = f"frame {first} holds" if first == last else f"frames {first}–{last} hold"
+        source = f"chunk {chunks[0]}" if len(chunks) == 1 else f"chunks {chunks[0]}–{chunks[-1]}"
+        raise ValueError(
+            f"{where} {count} NaN value{'s' * (count != 1)} (pushed {source}, counting from 0): a broken "
+            "decode, most likely a float16 overflow in the VAE decoder; decode in float32 or bfloat16, or "
+            "pass nonfinite='ignore' to encode such frames anyway"
+        )
 
     async def _encode(
         self,
@@ -672,6 +882,12 @@ class ChunkedVideoMP4Session:
             self.ring.abort(self._errors[0] if self._errors else None)
         if self._chunks_send is not None:
             self._chunks_send.close()
+        else:
+            # No stage ever started, so no encoder will end the streams: end them here, or their
+            # readers (stream_mp4's, when the decode fails before its first chunk) would wait forever.
+            for stream in self._streams.values():
+                stream._send.close()
+        self._notify_readers()
 
     def _raise_if_failed(self) -> None:
         if self._errors:
@@ -690,3 +906,40 @@ class ChunkedVideoMP4Session:
 def _check_int(name: str, value: object, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+async def read_entries(streams: Sequence[MP4ByteStream]) -> AsyncIterator[tuple[int, bytes]]:
+    """Every entry's MP4 bytes as ``(entry, data)``, in the order they are written, until all are complete.
+
+    The way to read several entries from one task: ``async for entry, data in read_entries(streams)``. The
+    entries share one pipeline, so reading one to its end before the next would stop it once the unread
+    entry's buffer fills (the session then fails with :class:`UnreadStreamError`); this takes whatever
+    any entry has. Raises the session's error if it failed, like iterating a stream does; while it runs,
+    the streams are its own (another reader gets ``anyio.BusyResourceError``).
+    """
+    streams = list(streams)
+    if not streams or not all(isinstance(stream, MP4ByteStream) for stream in streams):
+        raise TypeError("read_entries() takes a non-empty sequence of MP4ByteStream (from stream_mp4)")
+    session = streams[0]._session
+    if any(stream._session is not session for stream in streams):
+        raise ValueError("read_entries() takes the streams of one session")
+    with contextlib.ExitStack() as claims:
+        for stream in streams:
+            claims.enter_context(stream._claim())
+        pending = streams
+        while pending:
+            arrived = session._bytes_arrived  # taken before looking, so no wake-up falls in between
+            taken = False
+            for stream in list(pending):
+                try:
+                    data = stream._receive.receive_nowait()
+                except anyio.WouldBlock:
+                    continue
+                except (anyio.EndOfStream, anyio.ClosedResourceError):
+                    stream._raise_end()
+                    pending.remove(stream)
+                else:
+                    yield stream.entry, data
+                taken = True
+            if not taken:
+                await arrived.wait()

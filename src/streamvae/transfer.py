@@ -57,6 +57,7 @@ class _Slot:
     def __init__(self, index: int) -> None:
         self.index = index
         self.buffer: Tensor | None = None
+        self.extra: Tensor | None = None  # host buffer for a chunk's small companion tensor
 
     def view(self, shape: torch.Size, *, pinned: bool) -> Tensor:
         nbytes = math.prod(shape)
@@ -64,6 +65,11 @@ class _Slot:
             # Chunks are steady in size after the first, so a slot reallocates at most a few times.
             self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         return self.buffer[:nbytes].view(shape)
+
+    def extra_like(self, extra: Tensor, *, pinned: bool) -> Tensor:
+        if self.extra is None or self.extra.shape != extra.shape or self.extra.dtype != extra.dtype:
+            self.extra = torch.empty(extra.shape, dtype=extra.dtype, pin_memory=pinned)
+        return self.extra
 
 
 class ChunkLease:
@@ -81,8 +87,9 @@ class ChunkLease:
         self._ring = ring
         self._slot = slot
         self._host: Tensor | None = None
+        self._extra: Tensor | None = None
         self._readers = readers
-        self._source: Tensor | None = None
+        self._source: tuple[Tensor, Tensor | None] | None = None  # what a pending copy reads
         self._copy_done: Any = None  # torch.cuda.Event of a pending CUDA copy
         self._landed = False
         self._discarded = False
@@ -104,6 +111,13 @@ class ChunkLease:
         if not self._landed or self._host is None:
             raise RuntimeError("ChunkLease.host read before the copy landed (await wait_landed() first)")
         return self._host
+
+    @property
+    def extra(self) -> Tensor | None:
+        """The host copy of the ``extra`` tensor the chunk was transferred with (None without one)."""
+        if not self._landed:
+            raise RuntimeError("ChunkLease.extra read before the copy landed (await wait_landed() first)")
+        return self._extra
 
     def numpy(self) -> np.ndarray[Any, Any]:
         """:attr:`host` as a NumPy array sharing its memory."""
@@ -160,16 +174,20 @@ class ChunkLease:
                 self._ring._return(self)
 
 
-def host_lease(frames: Tensor, *, readers: int, ready: Any = None) -> ChunkLease:
-    """A landed lease over ``frames`` copied to host memory, outside any ring (the blocking path).
+def host_lease(frames: Tensor, *, readers: int, ready: Any = None, extra: Tensor | None = None) -> ChunkLease:
+    """A landed lease over ``frames`` (and ``extra``) copied to host memory, outside any ring (the blocking
+    path).
 
     Call it from a worker thread: copying a CUDA tensor to the host blocks until the device is done. The
-    copy waits for ``ready`` (a ``torch.cuda.Event``) when given.
+    copy waits for ``ready`` (a ``torch.cuda.Event``) when given. A CPU tensor is not copied: the lease
+    reads it in place.
     """
     if ready is not None:
         torch.cuda.current_stream(frames.device).wait_event(ready)
     lease = ChunkLease(None, None, frames.shape, readers)
     lease._host = frames.detach().to("cpu").contiguous()
+    if extra is not None:
+        lease._extra = extra.detach().to("cpu")
     lease._mark_landed()
     return lease
 
@@ -219,29 +237,39 @@ class PinnedChunkRing:
             lease.discard()
         self._wake()
 
-    async def transfer(self, frames: Tensor, *, readers: int, ready: Any = None) -> ChunkLease:
+    async def transfer(
+        self, frames: Tensor, *, readers: int, ready: Any = None, extra: Tensor | None = None
+    ) -> ChunkLease:
         """Copy ``frames`` (a contiguous uint8 tensor on the ring's device) into a free slot.
 
         Waits for a free slot first; the returned lease lands once the copy completes (await
         :meth:`ChunkLease.wait_landed`). On CUDA the copy starts after ``ready`` (a ``torch.cuda.Event``);
         without one, an event is recorded on the calling thread's current stream. ``frames`` stays
         referenced by the lease until the copy has landed.
+
+        ``extra`` is a small tensor on the same device that travels with the chunk (a count computed on
+        the device, say): it is copied in the same ordered, non-blocking way into a host buffer of the slot
+        and read from :attr:`ChunkLease.extra` once the lease has landed, so reading it never waits for
+        the device.
         """
         if not isinstance(readers, int) or readers < 1:
             raise ValueError(f"readers must be an int >= 1, got {readers!r}")
         if not isinstance(frames, Tensor) or frames.dtype != torch.uint8 or not frames.is_contiguous():
             raise ValueError("frames must be a contiguous uint8 torch.Tensor")
-        if frames.device.type != self.device.type or (self._cuda and frames.device != self.device):
-            raise ValueError(f"frames are on {frames.device}, but this ring copies from {self.device}")
+        for name, tensor in (("frames", frames), ("extra", extra)):
+            if tensor is not None and (
+                tensor.device.type != self.device.type or (self._cuda and tensor.device != self.device)
+            ):
+                raise ValueError(f"{name} are on {tensor.device}, but this ring copies from {self.device}")
         if self._cuda and ready is None:
             ready = torch.cuda.Event()
             ready.record(torch.cuda.current_stream(self.device))
         slot = await self._acquire()
         lease = ChunkLease(self, slot, frames.shape, readers)
-        lease._source = frames
+        lease._source = (frames, extra)
         self._hold(lease)
         try:
-            await anyio.to_thread.run_sync(self._copy, lease, frames, ready, limiter=self._limiter)
+            await anyio.to_thread.run_sync(self._copy, lease, frames, ready, extra, limiter=self._limiter)
         except BaseException:
             lease.discard()
             raise
@@ -254,13 +282,17 @@ class PinnedChunkRing:
 
     # -- internals (event loop thread unless noted) --
 
-    def _copy(self, lease: ChunkLease, frames: Tensor, ready: Any) -> None:
+    def _copy(self, lease: ChunkLease, frames: Tensor, ready: Any, extra: Tensor | None) -> None:
         """Worker thread: start (CUDA) or do (CPU) the copy into the lease's slot."""
         assert lease._slot is not None
         # Allocating (pinned) host memory can take milliseconds: it belongs in the worker thread too.
         host = lease._host = lease._slot.view(frames.shape, pinned=self._cuda)
+        host_extra = None if extra is None else lease._slot.extra_like(extra, pinned=self._cuda)
+        lease._extra = host_extra
         if not self._cuda:
             host.copy_(frames)
+            if host_extra is not None and extra is not None:
+                host_extra.copy_(extra)
             return
         with torch.cuda.device(self.device):
             if self._copy_stream is None:
@@ -269,6 +301,8 @@ class PinnedChunkRing:
             stream.wait_event(ready)
             with torch.cuda.stream(stream):
                 host.copy_(frames, non_blocking=True)
+                if host_extra is not None and extra is not None:
+                    host_extra.copy_(extra, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(stream)
             lease._copy_done = done
