@@ -77,6 +77,7 @@ class Scenario:
     # STALL_SECONDS, just before that call of its decoder. It breaks the group: last scenario of a group.
     peer_fault: tuple[int, str, int] | None = None
     group_timeout: float | None = None  # decode over a new group with this timeout (seconds)
+    nan_latent: bool = False  # one value of every rank's latent is NaN
 
 
 @dataclass
@@ -105,6 +106,7 @@ TWO_RANKS = [
     Scenario("wan21_encoder_fails_at_1", "wan21", 4, 8, 8, fail_at=1),
     Scenario("wan22_caller_cancelled_at_1", "wan22", 4, 8, 8, backend="trio", cancel_at=1),
     Scenario("wan21_x264_rejects_its_options", "wan21", 4, 8, 8, codec_options={"preset": "no-such-preset"}),
+    Scenario("wan21_nan_latent", "wan21", 3, 8, 8, backend="trio", nan_latent=True),
     Scenario(
         "wan21_rank_1_stalls", "wan21", 3, 8, 8, peer_fault=(1, "stalls", 2), group_timeout=STALL_TIMEOUT
     ),
@@ -191,6 +193,8 @@ def _inject_fault(vae: Any, scenario: Scenario, rank: int) -> None:
 def _run_scenario(scenario: Scenario, rank: int) -> RankResult:
     vae = FAMILIES[scenario.family]()
     z = latent(vae, 1, scenario.frames, scenario.height, scenario.width)
+    if scenario.nan_latent:
+        z[0, 3, 1, 2, 5] = float("nan")
     group = None
     if scenario.group_timeout is not None:
         group = dist.new_group(timeout=timedelta(seconds=scenario.group_timeout))
@@ -308,7 +312,11 @@ def others_of(scenario: Scenario, ranks: list[RankResult]) -> list[RankResult]:
 COMPLETE = [
     name
     for name, (_, s) in SCENARIOS.items()
-    if s.fail_at is None and s.cancel_at is None and s.codec_options == CODEC and s.peer_fault is None
+    if s.fail_at is None
+    and s.cancel_at is None
+    and s.codec_options == CODEC
+    and s.peer_fault is None
+    and not s.nan_latent
 ]
 
 
@@ -356,7 +364,9 @@ def test_non_owner_ranks_publish_nothing_and_get_an_empty_list(
         assert rank.stats["steps"] == scenario.frames
 
 
-@pytest.mark.parametrize("name", [name for name, (_, s) in SCENARIOS.items() if s.peer_fault is None])
+@pytest.mark.parametrize(
+    "name", [name for name, (_, s) in SCENARIOS.items() if s.peer_fault is None and not s.nan_latent]
+)
 def test_every_rank_runs_the_same_collectives(request: pytest.FixtureRequest, name: str) -> None:
     _, ranks = results_of(request, name)
     counts = {(r.stats["collectives"], r.stats["steps"], r.stats["halo_exchanges"]) for r in ranks}
@@ -412,6 +422,16 @@ def test_a_cancelled_owner_caller_stops_every_rank_at_that_chunk(
     for rank in others_of(scenario, ranks):
         assert rank.error is not None and rank.error[0] == "PeerDecodeError"
         assert "cancelled" in rank.error[1]
+
+
+def test_a_non_finite_latent_is_refused_on_every_rank_before_any_collective(
+    request: pytest.FixtureRequest,
+) -> None:
+    _, ranks = results_of(request, "wan21_nan_latent")
+    for rank in ranks:
+        assert rank.error is not None and rank.error[0] == "ValueError", rank.error
+        assert "z must be finite, but 1 of its" in rank.error[1]
+        assert rank.published == 0 and rank.stats["collectives"] == 0 and rank.stats["steps"] == 0
 
 
 def test_a_plain_decode_in_another_thread_is_unaffected_by_a_sharded_one(

@@ -22,6 +22,7 @@ from streamvae import (
     MP4ByteStream,
     UnreadStreamError,
     decode_to_mp4,
+    publish_chunks,
     read_entries,
     stream_mp4,
 )
@@ -301,3 +302,26 @@ async def test_read_entries_checks_its_argument() -> None:
         with pytest.raises(ValueError, match="streams of one session"):
             async for _ in read_entries([a.open_stream(0), b.open_stream(0)]):
                 pass
+
+
+def test_the_failure_rule_never_closes_a_suspended_coroutine_or_generator_in_the_errors_traceback() -> None:
+    # A session's error is raised on the event loop (to a reader) and in the decode thread (to the
+    # producer): its traceback then holds the reader's suspended frames, and clearing a suspended frame
+    # closes its coroutine. The failure rule clears only plain function frames.
+    def holder() -> Any:
+        try:
+            raise ValueError("the session failed")
+        except ValueError as error:
+            caught = error
+        yield caught  # suspended here, with this frame in the error's traceback
+        yield "still running"
+
+    suspended = holder()
+    shared = next(suspended)
+
+    def on_chunk(chunk: torch.Tensor) -> None:
+        raise shared
+
+    with pytest.raises(ValueError, match="the session failed"):
+        publish_chunks(iter([torch.zeros(1, 3, 1, 2, 2)]), on_chunk)
+    assert next(suspended) == "still running"

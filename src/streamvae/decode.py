@@ -28,10 +28,6 @@ class _DecodeAbandoned(Exception):
     """Raised inside ``on_chunk`` when the caller was cancelled, so the decode stops publishing."""
 
 
-class _SessionFailed(Exception):
-    """Raised inside ``on_chunk`` when the session has failed, so the decode stops publishing."""
-
-
 def as_chunked_decoder(vae: Any) -> SupportsChunkedVAEDecode:
     """``vae`` itself if it implements the protocol, else the adapter of a supported diffusers VAE."""
     if isinstance(vae, SupportsChunkedVAEDecode):
@@ -105,7 +101,9 @@ async def stream_mp4(
     ``async with stream_mp4(vae, z, fps=16) as (video,): async for data in video: ...`` — bytes leave as
     soon as each fragment (one a second by default) is written, while the decode goes on. The batch size
     must be known up front, so it is ``z.shape[0]``. A slow reader backs pressure up into the decode.
-    Leaving the block early (a client that went away) cancels the decode as :func:`decode_to_mp4` does;
+    The entries share that pipeline: read them at once (:func:`streamvae.read_entries`, or a task per
+    stream), not one after the other — a full, unread entry stops every entry, and the session then fails
+    with :class:`streamvae.UnreadStreamError` rather than hang. Leaving the block early (a client that went away) cancels the decode as :func:`decode_to_mp4` does;
     a decode or encode error is raised by the stream and when the block ends. Not available on ranks that
     do not own the output (they have nothing to stream: use :func:`decode_to_mp4` there).
     """
@@ -154,13 +152,8 @@ async def _decode_into(
         try:
             anyio.from_thread.check_cancelled()
             session.push_from_thread(chunk)
-        except Exception as error:
-            if any(error is failure for failure in session._errors):
-                # The session's own error stays on the loop's side: the same object raised here too
-                # would carry the loop's frames into a traceback that the decoder clears (the failure
-                # rule), and clearing a suspended coroutine's frame closes the coroutine.
-                raise _SessionFailed from None
-            raise
+        except Exception:
+            raise  # a failed session's own error: the decoder stops and re-raises it, peers hear of it
         except BaseException as cancelled:  # trio's Cancelled / asyncio's CancelledError
             raise _DecodeAbandoned("the caller of decode_to_mp4 was cancelled") from cancelled
 
@@ -170,9 +163,6 @@ async def _decode_into(
 
     try:
         await anyio.to_thread.run_sync(decode, limiter=limiter)
-    except _SessionFailed:
-        session._raise_if_failed()  # the original error, raised where the caller waits
-        raise
     except BaseException:
         # The decode has ended (the thread is never abandoned); a cancelled caller sees its cancellation
         # rather than what the interrupted bridge raised.

@@ -449,7 +449,8 @@ class ChunkedVideoMP4Session:
         Call it before the first push. Use ``output="fragmented"`` to get bytes while chunks are still
         being pushed (a plain MP4 is only complete, and so only delivered, at the end). ``max_buffered``
         pieces (each what one transfer's encode wrote) wait for the reader before the encoder does.
-        ``finish`` returns ``b""`` for a streamed entry: its bytes went to the stream.
+        ``finish`` returns ``b""`` for a streamed entry: its bytes went to the stream. Streams of several
+        entries must be read at once (:func:`read_entries`, or a task each): see :class:`UnreadStreamError`.
         """
         _check_int("entry", entry, minimum=0)
         _check_int("max_buffered", max_buffered, minimum=1)
