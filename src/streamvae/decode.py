@@ -103,9 +103,10 @@ async def stream_mp4(
     must be known up front, so it is ``z.shape[0]``. A slow reader backs pressure up into the decode.
     The entries share that pipeline: read them at once (:func:`streamvae.read_entries`, or a task per
     stream), not one after the other — a full, unread entry stops every entry, and the session then fails
-    with :class:`streamvae.UnreadStreamError` rather than hang. Leaving the block early (a client that went away) cancels the decode as :func:`decode_to_mp4` does;
-    a decode or encode error is raised by the stream and when the block ends. Not available on ranks that
-    do not own the output (they have nothing to stream: use :func:`decode_to_mp4` there).
+    with :class:`streamvae.UnreadStreamError` rather than hang. Leaving the block early (a client that
+    went away) cancels the decode as :func:`decode_to_mp4` does; a decode or encode error is raised by the
+    stream and when the block ends. Not available on ranks that do not own the output (they have nothing
+    to stream: use :func:`decode_to_mp4` there).
     """
     decoder = as_chunked_decoder(vae)
     z = _check_latents(decoder, z, "stream_mp4")
