@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -236,3 +237,77 @@ async def test_session_push_from_a_caller_owned_decode_loop(wan22: Any) -> None:
     assert read_mp4(videos[0]).frames.shape == (15, 128, 128, 3)
     with pytest.raises(SessionClosedError):
         await session.push(clip)
+
+
+class ThreadRecordingDecoder:
+    """A protocol decoder with every optional part, recording the thread each part runs in."""
+
+    chunk_value_range = (-1.0, 1.0)
+    latent_channels = 4
+
+    def __init__(self, *, is_output_rank: bool = True) -> None:
+        self.is_output_rank = is_output_rank
+        self.threads: dict[str, int] = {}
+        self.decodes = 0
+
+    def prepare_latents(self, z: Tensor) -> Tensor:
+        self.threads["prepare_latents"] = threading.get_ident()
+        return z.to(torch.float32)
+
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        self.threads["decode_with_chunks"] = threading.get_ident()
+        self.decodes += 1
+        if self.is_output_rank:
+            for _ in range(z.shape[2]):
+                on_chunk(torch.zeros(z.shape[0], 3, 1, 16, 16))
+
+
+async def test_the_latent_is_prepared_in_the_decode_worker_not_on_the_event_loop() -> None:
+    # prepare_latents moves the latent to the decode's device: a host → device copy that waits for the
+    # device, which would pause every other stream of a server if it ran on the loop.
+    decoder = ThreadRecordingDecoder()
+    (video,) = await decode_to_mp4(decoder, torch.zeros(1, 4, 3, 2, 2, dtype=torch.float16), fps=16)
+    assert read_mp4(video).frames.shape[0] == 3
+    assert threading.get_ident() not in decoder.threads.values()
+    assert decoder.threads["prepare_latents"] == decoder.threads["decode_with_chunks"]
+    async with stream_mp4(decoder, torch.zeros(1, 4, 2, 2, 2), fps=16) as (stream,):
+        data = b"".join([piece async for piece in stream])
+    assert read_mp4(data).frames.shape[0] == 2 and threading.get_ident() not in decoder.threads.values()
+
+
+async def test_a_rank_without_the_output_checks_the_session_options_before_decoding() -> None:
+    # Every rank refuses a bad option before its first collective: none is left waiting for peers
+    # that already raised.
+    decoder = ThreadRecordingDecoder(is_output_rank=False)
+    z = torch.zeros(1, 4, 2, 2, 2)
+    with pytest.raises(ValueError, match="fps must be a number between"):
+        await decode_to_mp4(decoder, z, fps=0)
+    with pytest.raises(ValueError, match="libx264 has no option 'presett'"):
+        await decode_to_mp4(decoder, z, fps=16, video_codec_options={"presett": "fast"})
+    assert decoder.decodes == 0
+    # Output files belong to the output rank: another rank does not look at their directory.
+    assert await decode_to_mp4(decoder, z, fps=16, output_files=["/no/such/dir/out.mp4"]) == []
+    assert decoder.decodes == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+async def test_a_cuda_decode_runs_on_a_stream_of_its_own(wan21: Any) -> None:
+    streams: list[Any] = []
+    inner = chunked_decoder(wan21.to("cuda"))
+
+    class StreamRecorder:
+        chunk_value_range = inner.chunk_value_range
+        latent_channels = inner.latent_channels
+        prepare_latents = inner.prepare_latents
+
+        def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+            streams.append(torch.cuda.current_stream(z.device))
+            inner.decode_with_chunks(z, on_chunk=on_chunk)
+
+    try:
+        videos = await decode_to_mp4(StreamRecorder(), latent(wan21, frames=3), fps=16)
+    finally:
+        wan21.to("cpu")
+    assert read_mp4(videos[0]).frames.shape[0] == 9
+    assert streams and streams[0] != torch.cuda.default_stream(streams[0].device)

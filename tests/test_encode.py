@@ -66,3 +66,29 @@ def test_a_finished_mp4_encoder_keeps_no_copy_of_its_output(no_gc: None) -> None
     referents = gc.get_referents(vars(encoder))
     assert not any(isinstance(o, bytes | bytearray) and len(o) >= len(data) for o in referents)
     assert not any(hasattr(o, "getbuffer") for o in referents)  # no BytesIO left behind
+
+
+@pytest.mark.parametrize(("codec", "zero_copy"), [("libx264", True), ("libx265", True), ("mpeg4", False)])
+def test_yuv420p_frames_wrap_the_slot_only_for_encoders_that_copy_the_picture(
+    codec: str, zero_copy: bool
+) -> None:
+    # The ring reuses a slot as soon as encode() returns: only x264 and x265 are known to copy the
+    # picture before that; every other encoder gets a frame PyAV owns.
+    slot = np.random.default_rng(1).integers(16, 235, (2, 48, 32), dtype=np.uint8)  # 2 frames of 32×32
+    encoder = EntryEncoder(fps=Fraction(16), pixel_format="yuv420p", video_codec=codec)
+    seen: list[tuple[int, bytes]] = []
+    video_frame = encoder._video_frame
+
+    def recording(array: np.ndarray[Any, Any], height: int, width: int) -> av.VideoFrame:
+        frame = video_frame(array, height, width)
+        seen.append((frame.planes[0].buffer_ptr, bytes(frame.planes[0])))
+        return frame
+
+    encoder._video_frame = recording  # type: ignore[method-assign]
+    try:
+        encoder.encode(slot)
+    finally:
+        encoder.close()
+    for index, (pointer, luma) in enumerate(seen):
+        assert (pointer == slot[index].ctypes.data) == zero_copy
+        assert luma[: 32 * 32] == slot[index, :32].tobytes()  # the same picture either way

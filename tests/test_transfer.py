@@ -222,6 +222,40 @@ async def test_landing_is_awaited_by_polling_and_abandoned_on_cancel_or_abort() 
     assert ring.slots_in_use == 1  # the in-flight copy's slot stays out of the pool
 
 
+class PoisonedCopy:
+    """The completion event of a copy after a sticky CUDA error: every query raises."""
+
+    def query(self) -> bool:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+async def test_teardown_after_a_sticky_cuda_error_gives_every_slot_back_without_raising() -> None:
+    ring = PinnedChunkRing(2, "cpu")
+    held = await ring.transfer(frames(1), readers=1)
+    held._copy_done, held._landed = PoisonedCopy(), False
+    retired, copy = await in_flight(ring, 2)
+    retired.discard()  # its copy is in flight: the slot is retired, not free
+    copy.done = True  # ... and lands; abort reclaims it without waiting for a transfer to poll
+    ring.abort(RuntimeError("the decode failed"))  # queries the poisoned event: must not raise
+    assert ring.slots_in_use == 0
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        await held.wait_landed()  # outside teardown, a failing query is the error it is
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+async def test_cuda_copy_stream_is_one_high_priority_stream_per_device() -> None:
+    from streamvae.transfer import _copy_stream
+
+    device = torch.device("cuda", 0)
+    stream = _copy_stream(device)
+    assert _copy_stream(device) is stream and stream.priority < 0
+    first, second = PinnedChunkRing(1, device), PinnedChunkRing(1, device)
+    for ring in (first, second):
+        (await ring.transfer(frames(5).to(device), readers=1)).release()
+    assert _copy_stream(device) is stream
+
+
 async def test_an_extra_tensor_travels_with_its_chunk_and_is_read_once_landed() -> None:
     ring = PinnedChunkRing(1, "cpu")
     count = torch.tensor(5)

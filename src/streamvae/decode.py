@@ -9,7 +9,9 @@ distributed decode, which never skips a collective), and only then does the call
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -38,12 +40,52 @@ def as_chunked_decoder(vae: Any) -> SupportsChunkedVAEDecode:
 
 
 def _check_latents(decoder: SupportsChunkedVAEDecode, z: object, owner: str) -> Tensor:
+    """The shape checks, on the event loop: they read no tensor data."""
     check_latents(z, getattr(decoder, "latent_channels", None), owner=owner)
     assert isinstance(z, Tensor)
+    return z
+
+
+def _run_decode(
+    decoder: SupportsChunkedVAEDecode, z: Tensor, on_chunk: Callable[[Tensor], None], owner: str
+) -> None:
+    """Worker thread: prepare ``z``, check it is finite, and decode it on a stream of the decode's own.
+
+    Everything here may wait for the device — the latent's host → device copy, the finiteness check (a
+    host synchronization) — so none of it runs on the event loop. What reaches this thread from the
+    caller: ``z`` and the decoder, nothing else; the caller's current CUDA device and stream do not (they
+    are per thread). A CUDA decode runs on its own stream on the latent's device, so concurrent decodes
+    neither interleave on the legacy default stream nor make each other's chunks wait.
+    """
     prepare: Callable[[Tensor], Tensor] | None = getattr(decoder, "prepare_latents", None)
-    if prepare is None:
-        return z
-    return prepare(z)
+    if prepare is not None:
+        z = prepare(z)
+    with _own_stream(z.device):
+        check_finite_latents(z, owner=owner)
+        decoder.decode_with_chunks(z, on_chunk=on_chunk)
+
+
+_decode_streams = threading.local()
+
+
+@contextlib.contextmanager
+def _own_stream(device: torch.device) -> Iterator[None]:
+    """Make a stream of this worker thread current on ``device`` (CUDA), after what is queued so far.
+
+    One stream per worker thread and device, reused: a thread runs one decode at a time, and the caching
+    allocator keeps its blocks per stream, so a fresh stream per decode would strand freed memory.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    streams: dict[torch.device, Any] = _decode_streams.__dict__.setdefault("streams", {})
+    stream = streams.get(device)
+    if stream is None:
+        stream = streams[device] = torch.cuda.Stream(device)
+    # The latent was copied (or written by the caller) on another stream: start after it.
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.device(device), torch.cuda.stream(stream):
+        yield
 
 
 async def decode_to_mp4(
@@ -62,6 +104,11 @@ async def decode_to_mp4(
     ``decode_limiter`` bounds concurrent decodes across calls (default: one limiter per call);
     ``on_session`` is called with the session once it is open (progress bars, statistics).
 
+    Threads and streams: only shape checks run on the event loop. The latent's preparation (cast and
+    device copy), its finiteness check and the decode run in a worker thread, a CUDA decode on a stream of
+    its own on the latent's device. The caller's current CUDA device and stream do not reach the worker
+    (both are per thread): put the VAE and the latent where the decode should run.
+
     Errors: a failing session stops publishing and its original error is raised once the decode has ended.
     Cancellation: a single-process decode returns at its next chunk boundary. A distributed decode stops
     where every rank has run the same collectives: :class:`streamvae.distributed.ShardedWanDecoder` agrees
@@ -74,10 +121,14 @@ async def decode_to_mp4(
     decoder = as_chunked_decoder(vae)
     z = _check_latents(decoder, z, "decode_to_mp4")
     limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
+    session_options.setdefault("value_range", decoder.chunk_value_range)
     if not getattr(decoder, "is_output_rank", True):
+        # Every rank checks the options before the first collective: a bad one raises here on every
+        # rank at once, instead of on the output rank alone while its peers wait out the group timeout.
+        # Output files are the output rank's (their directory may exist on its machine only).
+        ChunkedVideoMP4Session(**{**session_options, "output_files": None})
         await anyio.to_thread.run_sync(_decode_without_output, decoder, z, limiter=limiter)
         return []
-    session_options.setdefault("value_range", decoder.chunk_value_range)
     session = ChunkedVideoMP4Session(**session_options)  # options are checked before the decode starts
     async with session:
         if on_session is not None:
@@ -158,12 +209,8 @@ async def _decode_into(
         except BaseException as cancelled:  # trio's Cancelled / asyncio's CancelledError
             raise _DecodeAbandoned("the caller of decode_to_mp4 was cancelled") from cancelled
 
-    def decode() -> None:
-        check_finite_latents(z, owner=owner)
-        decoder.decode_with_chunks(z, on_chunk=on_chunk)
-
     try:
-        await anyio.to_thread.run_sync(decode, limiter=limiter)
+        await anyio.to_thread.run_sync(_run_decode, decoder, z, on_chunk, owner, limiter=limiter)
     except BaseException:
         # The decode has ended (the thread is never abandoned); a cancelled caller sees its cancellation
         # rather than what the interrupted bridge raised.
@@ -175,8 +222,7 @@ def _decode_without_output(decoder: SupportsChunkedVAEDecode, z: Tensor) -> None
     def on_chunk(chunk: Tensor) -> None:
         raise RuntimeError("a decoder that is not the output rank published a chunk")
 
-    check_finite_latents(z, owner="decode_to_mp4")
-    decoder.decode_with_chunks(z, on_chunk=on_chunk)
+    _run_decode(decoder, z, on_chunk, "decode_to_mp4")
 
 
 def check_finite_latents(z: Tensor, *, owner: str) -> None:

@@ -86,6 +86,10 @@ def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -
             raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
 
 
+#: Encoders that copy each input picture inside ``encode()`` (x264_encoder_encode / x265_encoder_encode copy
+#: it into their own frames), so a frame may wrap memory the caller reuses as soon as the call returns.
+_COPYING_ENCODERS = frozenset({"libx264", "libx265"})
+
 # Options that choose another rate control than the default crf (x264 would let crf win over them).
 _RATE_CONTROL_OPTIONS = {"qp", "b", "bitrate", "cqp"}
 
@@ -282,10 +286,14 @@ class EntryEncoder:
             return frame.reformat(
                 format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG
             )
-        if height % 4 == 0:
+        if height % 4 == 0 and self.video_codec in _COPYING_ENCODERS:
+            # Zero-copy: PyAV wraps the slot in a refcounted buffer that FFmpeg references, and these
+            # encoders copy the picture before encode() returns, so the slot is free again after it.
             frame = av.VideoFrame.from_numpy_buffer(array, format="yuv420p")
         else:
-            # PyAV derives the height of a yuv420p buffer as rows // 6 * 4: exact only for heights % 4 == 0.
+            # A frame PyAV owns: other encoders may keep a reference to the picture after encode()
+            # returns (and the ring reuses the slot then); and PyAV derives the height of a yuv420p
+            # buffer as rows // 6 * 4, exact only for heights % 4 == 0.
             frame = av.VideoFrame(width, height, "yuv420p")
             flat = array.reshape(-1)
             luma, chroma = height * width, height * width // 4

@@ -352,6 +352,7 @@ class ChunkedVideoMP4Session:
         self._streams: dict[int, MP4ByteStream] = {}
         self._chunks_send: MemoryObjectSendStream[tuple[Tensor, Any]] | None = None
         self._loop_thread: int | None = None
+        self._quantize_stream: Any = None  # torch.cuda.Stream of the prepare stage (CUDA chunks)
         self._bytes_arrived = anyio.Event()  # set (and replaced) when any stream gets bytes or ends
 
     # -- public counters --
@@ -402,6 +403,11 @@ class ChunkedVideoMP4Session:
         # The body's own exception is not handed to it (anyio would wrap it in a group): it propagates
         # unchanged when this method returns.
         await self._task_group.__aexit__(None, None, None)
+        # Streams point back at the session: drop the session's side, so a server's finished sessions
+        # are freed by reference counting, not left for the cycle collector.
+        self._streams = {}
+        for output in self._outputs:
+            output.stream = None
         if exc is None and self._errors and not self._error_delivered:
             self._raise_errors()
 
@@ -540,6 +546,10 @@ class ChunkedVideoMP4Session:
         batch, _, _, height, width = first.shape
         self._shape = (batch, height, width)
         self._device = first.device
+        if first.is_cuda:
+            # Every quantize call runs on this one stream, whichever worker thread runs it: each group's
+            # ready event is recorded where its frames were written (never on a caller's stream).
+            self._quantize_stream = torch.cuda.Stream(first.device)
         if self.requested_pixel_format == "auto":
             self.pixel_format = "yuv420p" if first.is_cuda else "rgb24"
         else:
@@ -699,6 +709,12 @@ class ChunkedVideoMP4Session:
 
         Returns the full groups and the group still short of frames (filled further by the next chunk).
         """
+        with self._on_quantize_stream():
+            return self._quantize_groups_here(quantizer, chunk, ready, partial)
+
+    def _quantize_groups_here(
+        self, quantizer: ChunkQuantizer, chunk: Tensor, ready: Any, partial: _Prepared | None
+    ) -> tuple[list[_Prepared], _Prepared | None]:
         if ready is not None:
             stream = torch.cuda.current_stream(chunk.device)
             stream.wait_event(ready)
@@ -734,9 +750,15 @@ class ChunkedVideoMP4Session:
 
     def _last_group(self, partial: _Prepared) -> _Prepared:
         """Worker thread: the stream's last group, short of ``batch_frames`` frames, made contiguous."""
-        partial.frames = partial.frames[:, : partial.filled].contiguous()
-        partial.ready = self._ready_after(partial.frames)
+        with self._on_quantize_stream():
+            partial.frames = partial.frames[:, : partial.filled].contiguous()
+            partial.ready = self._ready_after(partial.frames)
         return partial
+
+    def _on_quantize_stream(self) -> contextlib.AbstractContextManager[Any]:
+        if self._quantize_stream is None:
+            return contextlib.nullcontext()
+        return torch.cuda.stream(self._quantize_stream)
 
     @staticmethod
     def _ready_after(frames: Tensor) -> Any:
@@ -843,8 +865,9 @@ class ChunkedVideoMP4Session:
                             data = await anyio.to_thread.run_sync(encoder.encode, frames, limiter=limiter)
                         del frames
                     finally:
-                        # PyAV has consumed the buffer once encode() returned (the codec copies
-                        # frames that do not own their memory), so the slot may be reused.
+                        # Nothing reads the slot once encode() returned: rgb24 was converted into a
+                        # frame PyAV owns, and yuv420p frames wrap the slot only for encoders that copy
+                        # the picture inside encode() (x264, x265; EntryEncoder copies for others).
                         lease.release()
                     await output.write(data)
                 with self._span(f"encode[{entry}]"):

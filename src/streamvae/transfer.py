@@ -14,6 +14,7 @@ so the slot logic is exercised on every machine.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,6 +28,24 @@ __all__ = ["ChunkLease", "ChunkTransferStats", "PinnedChunkRing", "RingAbortedEr
 
 _POLL_START_SECONDS = 0.0002
 _POLL_MAX_SECONDS = 0.005
+
+
+_copy_streams: dict[torch.device, Any] = {}
+_copy_streams_lock = threading.Lock()
+
+
+def _copy_stream(device: torch.device) -> Any:
+    """The device → host copy stream of ``device``: one per device per process, shared by every ring.
+
+    Taken from the high-priority pool: NCCL takes its internal streams from the default-priority pool, and
+    a copy queued behind a collective on a shared pool stream would wait for that collective (forever, if
+    a peer died). High priority also lets a chunk's copy overtake queued decode kernels.
+    """
+    with _copy_streams_lock:
+        stream = _copy_streams.get(device)
+        if stream is None:
+            stream = _copy_streams[device] = torch.cuda.Stream(device, priority=-1)
+        return stream
 
 
 class RingAbortedError(RuntimeError):
@@ -126,6 +145,14 @@ class ChunkLease:
     def _copy_finished(self) -> bool:
         return self._copy_done is None or bool(self._copy_done.query())
 
+    def _copy_finished_or_failed(self) -> bool:
+        """Teardown's view: a copy whose event cannot be queried (a sticky CUDA error poisons every later
+        call) will never land, so it counts as done — its memory is protected by ``record_stream``."""
+        try:
+            return self._copy_finished()
+        except RuntimeError:
+            return True
+
     def _mark_landed(self) -> None:
         self._landed = True
         self._copy_done = None
@@ -213,7 +240,6 @@ class PinnedChunkRing:
         self._retired: list[ChunkLease] = []  # discarded before their copy landed
         self._changed = anyio.Event()
         self._error: BaseException | None = None
-        self._copy_stream: Any = None
         self._limiter = anyio.CapacityLimiter(1)
         self._stats = ChunkTransferStats()
         self._pending_bytes = 0
@@ -235,6 +261,7 @@ class PinnedChunkRing:
             self._error = error if error is not None else RingAbortedError("the transfer ring was aborted")
         for lease in list(self._held):
             lease.discard()
+        self._reclaim_retired(teardown=True)
         self._wake()
 
     async def transfer(
@@ -295,10 +322,13 @@ class PinnedChunkRing:
                 host_extra.copy_(extra)
             return
         with torch.cuda.device(self.device):
-            if self._copy_stream is None:
-                self._copy_stream = torch.cuda.Stream(self.device)
-            stream = self._copy_stream
+            stream = _copy_stream(self.device)
             stream.wait_event(ready)
+            # The sources were allocated on other streams: their memory is not reused before this stream
+            # has read it, even if the lease lets go of them first (teardown after a CUDA error).
+            frames.record_stream(stream)
+            if extra is not None:
+                extra.record_stream(stream)
             with torch.cuda.stream(stream):
                 host.copy_(frames, non_blocking=True)
                 if host_extra is not None and extra is not None:
@@ -315,8 +345,9 @@ class PinnedChunkRing:
         self._changed.set()
         self._changed = anyio.Event()
 
-    def _reclaim_retired(self) -> None:
-        for lease in [lease for lease in self._retired if lease._copy_finished()]:
+    def _reclaim_retired(self, *, teardown: bool = False) -> None:
+        done = ChunkLease._copy_finished_or_failed if teardown else ChunkLease._copy_finished
+        for lease in [lease for lease in self._retired if done(lease)]:
             self._retired.remove(lease)
             lease._mark_landed()
             self._give_back(lease)
@@ -359,7 +390,8 @@ class PinnedChunkRing:
         if lease not in self._held:
             return
         self._held.discard(lease)
-        if not lease._copy_finished():
+        # Teardown (discard, abort) must not raise: a failed query counts as landed.
+        if not lease._copy_finished_or_failed():
             self._retired.append(lease)  # keeps slot and source alive until the copy lands
             return
         self._give_back(lease)
