@@ -11,7 +11,9 @@ The guarantee (see docs/distributed.md): every rank runs the same collectives in
 its strip, and none skips one because the owner's consumer failed or its caller was cancelled. After each
 latent frame the owner tells every rank whether publishing failed; if it did, all ranks stop at that same
 boundary, the owner raises the original error and every other rank raises :class:`PeerDecodeError`.
-Every wait is a collective, bounded by the process group's timeout, in a worker thread that
+That agreement runs over gloo with host tensors (over the decode group itself when it is gloo, else over a
+gloo group on the same ranks), so it never waits for a GPU stream, where an NCCL collective with a dead
+peer may never finish; each of its waits is bounded by the collective timeout, in a worker thread that
 :func:`streamvae.decode_to_mp4` never abandons.
 """
 
@@ -21,7 +23,6 @@ import contextlib
 import os
 import socket
 import threading
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -108,6 +109,15 @@ class ShardedWanDecoder:
     step raises (out of memory, a bug) cannot finish that step's collectives: its peers wait in a
     collective until the process group's timeout and then raise the backend's error.
 
+    The agreement (the latent's shape before the first step, the verdict after each) is the only place
+    where the host waits for its peers under NCCL, whose other collectives are queued on the GPU. It runs
+    over gloo with host tensors — no device copy, so no wait for a GPU stream that holds a collective with
+    a dead peer — and each wait raises after ``collective_timeout`` (default: the decode group's own
+    timeout, as given to :func:`init_distributed` or ``init_process_group``/``new_group``). When the decode
+    group's host tensors do not go through gloo (NCCL), the first decoder of a group creates a gloo group
+    over the same ranks, once per group and timeout: under NCCL, construct decoders on every rank of the
+    group in the same order.
+
     The hooks that pass halos are registered on the VAE's decoder layers once and act only inside a
     sharded decode, in that decode's thread: a single-process decode of the same module in another
     thread is unaffected (create the adapter before such threads start: registering a hook while the
@@ -148,12 +158,16 @@ class ShardedWanDecoder:
             )
         self.output_rank = output_rank
         self.latent_channels = self._chunked.latent_channels
-        self.collective_timeout = collective_timeout
+        #: how long any wait of this decoder's agreement lasts before it raises (a peer died or stalled)
+        self.collective_timeout: timedelta = _collective_timeout(group, collective_timeout)
         self.stats = ShardedDecodeStats()
+        self._output_global_rank = _global_rank(group, output_rank)
         self._axis = _AXIS_DIM[shard]
         self._lock = threading.Lock()
         _check_shardable(vae.decoder, self._axis)
         _install_hooks(vae.decoder)
+        # Last: under NCCL it may be a rendezvous, which a decoder refused above must not leave half done.
+        self._agreement_group = _agreement_group(group, self.collective_timeout)
 
     @property
     def is_output_rank(self) -> bool:
@@ -181,8 +195,9 @@ class ShardedWanDecoder:
         self.stats = stats = ShardedDecodeStats()
         self._check_untiled(z)
         layout = _Layout.plan(z.shape[self._axis], self.world_size, self.rank, self._axis)
-        comm = _Collectives(self.group, _comm_device(self.group, z.device), self.collective_timeout, stats)
-        self._check_same_latent(comm, z)
+        comm = _Collectives(self.group, _comm_device(self.group, z.device), stats)
+        agreement = _Agreement(self._agreement_group, self.collective_timeout, stats)
+        self._check_same_latent(agreement, z)
         publisher = ChunkPublisher(on_chunk, drain=True)
         start, stop = layout.bounds[layout.strip]
         chunks = self._chunked.iter_chunks(z.narrow(self._axis, start, stop - start).contiguous())
@@ -198,7 +213,7 @@ class ShardedWanDecoder:
                 if chunk is not None:
                     publisher.publish(chunk)
                     del chunk  # a failed decode's traceback holds this frame: it must not hold a chunk
-                verdict = self._agree(comm, publisher, index)
+                verdict = self._agree(agreement, publisher, index)
                 if verdict is not None:
                     stats.stopped_at = index
                     break
@@ -227,10 +242,10 @@ class ShardedWanDecoder:
                 "call vae.disable_tiling() (sharding is what cuts the memory here)"
             )
 
-    def _check_same_latent(self, comm: _Collectives, z: Tensor) -> None:
+    def _check_same_latent(self, agreement: _Agreement, z: Tensor) -> None:
         mine = torch.tensor([*z.shape, self._axis, self.output_rank], dtype=torch.int64)
-        everyone = comm.all_gather(mine.to(comm.device))
-        if any(not torch.equal(theirs.cpu(), mine) for theirs in everyone):
+        everyone = agreement.all_gather(mine)
+        if any(not torch.equal(theirs, mine) for theirs in everyone):
             shapes = [tuple(t.tolist()) for t in everyone]
             raise ValueError(
                 "every rank must decode the same latent shape with the same shard axis and output rank; "
@@ -246,14 +261,14 @@ class ShardedWanDecoder:
             return None
         return layout.join(pieces, scale).to(strip_chunk.device)
 
-    def _agree(self, comm: _Collectives, publisher: ChunkPublisher, index: int) -> _Verdict | None:
+    def _agree(self, agreement: _Agreement, publisher: ChunkPublisher, index: int) -> _Verdict | None:
         """Broadcast the output rank's verdict on chunk ``index``; None while publishing succeeds."""
         status = torch.zeros(_STATUS_BYTES, dtype=torch.uint8)
         if self.is_output_rank and publisher.error is not None:
             told = f"{type(publisher.error).__name__}: {publisher.error}".encode()[: _STATUS_BYTES - 1]
             status[0] = 1
             status[1 : 1 + len(told)] = torch.frombuffer(bytearray(told), dtype=torch.uint8)
-        status = comm.broadcast(status.to(comm.device), self.output_rank).cpu()
+        agreement.broadcast(status, self._output_global_rank)
         if int(status[0]) == 0:
             return None
         text = bytes(status[1:].tolist()).rstrip(b"\0").decode(errors="replace")
@@ -347,32 +362,28 @@ def _comm_device(group: dist.ProcessGroup | None, device: torch.device) -> torch
 
 
 class _Collectives:
-    """The collectives a sharded decode makes, counted; one instance per decode."""
+    """The decode group's collectives (halos, whole frames, chunks), counted; one instance per decode.
+
+    Under NCCL they are queued on the GPU and never block the host; under gloo each blocks the host at most
+    the group's timeout.
+    """
 
     def __init__(
-        self,
-        group: dist.ProcessGroup | None,
-        device: torch.device,
-        timeout: timedelta | None,
-        stats: ShardedDecodeStats,
+        self, group: dist.ProcessGroup | None, device: torch.device, stats: ShardedDecodeStats
     ) -> None:
         self.group = group
         self.device = device
         self.stats = stats
-        if timeout is None:
-            nccl = device.type == "cuda"
-            timeout = dist.constants.default_pg_nccl_timeout if nccl else dist.constants.default_pg_timeout
-        self._timeout_s = (timeout or timedelta(minutes=30)).total_seconds()
-
-    def _global(self, group_rank: int) -> int:
-        return group_rank if self.group is None else dist.get_global_rank(self.group, group_rank)
 
     def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        """Every rank's ``tensor`` (one shape on every rank), in rank order: views of one buffer."""
         self.stats.collectives += 1
         tensor = tensor.to(self.device).contiguous()
-        pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(pieces, tensor, group=self.group)
-        return pieces
+        world = dist.get_world_size(self.group)
+        # One output buffer: a list of outputs makes NCCL gather into a flat buffer and copy each out.
+        gathered = tensor.new_empty((world * tensor.shape[0], *tensor.shape[1:]))
+        dist.all_gather_into_tensor(gathered, tensor, group=self.group)
+        return list(gathered.chunk(world))
 
     def gather(self, tensor: Tensor, dst: int) -> list[Tensor] | None:
         """Every rank's ``tensor`` on group rank ``dst`` (None elsewhere): only ``dst`` holds the whole."""
@@ -380,32 +391,123 @@ class _Collectives:
         tensor = tensor.to(self.device).contiguous()
         mine = dist.get_rank(self.group) == dst
         pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.group))] if mine else None
-        dist.gather(tensor, pieces, dst=self._global(dst), group=self.group)
+        dist.gather(tensor, pieces, dst=_global_rank(self.group, dst), group=self.group)
         return pieces
 
-    def broadcast(self, tensor: Tensor, src: int) -> Tensor:
-        """``src``'s ``tensor`` on every rank, read back on the host within the collective timeout.
 
-        Under gloo every collective blocks the host, each at most the process group's timeout. NCCL runs
-        collectives asynchronously, so this is where the host waits on its peers: a blocking read would
-        wait forever on a dead peer if NCCL's watchdog is off, so the completion is polled with a deadline.
-        """
+class _Agreement:
+    """What the ranks of a sharded decode agree on at step boundaries: host tensors over a gloo group.
+
+    These are the waits in which the host waits for its peers, so each is bounded: a peer that died or
+    stalled makes them raise after ``timeout`` (gloo sees a closed connection sooner), never hang. Host
+    tensors over gloo need no device copy, so they never wait for a GPU stream, where an NCCL collective
+    with a dead peer may never complete.
+    """
+
+    def __init__(
+        self, group: dist.ProcessGroup | None, timeout: timedelta, stats: ShardedDecodeStats
+    ) -> None:
+        self.group = group
+        self.timeout = timeout
+        self.stats = stats
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        """Every rank's host ``tensor``, in the agreement group's rank order."""
+        assert tensor.device.type == "cpu"
         self.stats.collectives += 1
-        work = dist.broadcast(tensor, src=self._global(src), group=self.group, async_op=True)
+        pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.group))]
+        self._wait(dist.all_gather(pieces, tensor, group=self.group, async_op=True))
+        return pieces
+
+    def broadcast(self, tensor: Tensor, src: int) -> None:
+        """Overwrite host ``tensor`` with global rank ``src``'s."""
+        assert tensor.device.type == "cpu"
+        self.stats.collectives += 1
+        self._wait(dist.broadcast(tensor, src=src, group=self.group, async_op=True))
+
+    def _wait(self, work: dist.Work | None) -> None:
         assert work is not None
-        if tensor.device.type == "cuda":
-            deadline = time.monotonic() + self._timeout_s
-            delay = 1e-4
-            while not work.is_completed():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"no answer from the peers of this sharded decode within {self._timeout_s:.0f} s "
-                        "(a peer died or stopped calling collectives)"
-                    )
-                time.sleep(delay)
-                delay = min(delay * 2, 0.005)
-        work.wait()  # gloo: blocks at most the process group's timeout, then raises
-        return tensor
+        work.wait(timeout=self.timeout)  # raises RuntimeError once it has passed (or the peer is gone)
+
+
+def _global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _runs_on_host(group: dist.ProcessGroup | None) -> bool:
+    """Whether ``group`` sends host tensors through gloo: plain gloo, or a ``cpu:gloo,cuda:nccl`` group."""
+    backend = str(dist.get_backend(group)).lower()
+    return backend == "gloo" or "cpu:gloo" in backend
+
+
+# decode group -> timeout -> its gloo agreement group; forgotten with the decode group
+_agreement_groups: weakref.WeakKeyDictionary[dist.ProcessGroup, dict[timedelta, dist.ProcessGroup]] = (
+    weakref.WeakKeyDictionary()
+)
+_agreement_lock = threading.Lock()
+
+
+def _agreement_group(group: dist.ProcessGroup | None, timeout: timedelta) -> dist.ProcessGroup | None:
+    """The group the agreement runs over: ``group`` itself when its host tensors go through gloo.
+
+    Otherwise (NCCL) a gloo group over the same ranks with ``timeout``, created on first use for each group
+    and timeout and then shared, so constructing more decoders costs no new group. Creating it is a
+    rendezvous of the group's ranks (the group's alone: the other processes need not take part).
+    """
+    if _runs_on_host(group):
+        return group  # no second group: gloo already waits on the host, in order, within its timeout
+    whole = dist.group.WORLD if group is None else group
+    assert whole is not None
+    with _agreement_lock:
+        by_timeout = _agreement_groups.setdefault(whole, {})
+        side = by_timeout.get(timeout)
+        if side is None:
+            if not dist.is_gloo_available():
+                raise RuntimeError(
+                    "ShardedWanDecoder needs torch.distributed's gloo backend for its agreement"
+                )
+            ranks = dist.get_process_group_ranks(whole)
+            every = len(ranks) == dist.get_world_size()
+            created = dist.new_group(
+                ranks=None if every else ranks,
+                backend="gloo",
+                timeout=timeout,
+                use_local_synchronization=not every,  # a subgroup's ranks alone create it
+            )
+            assert isinstance(created, dist.ProcessGroup)
+            side = by_timeout[timeout] = created
+    return side
+
+
+def _group_timeout(group: dist.ProcessGroup | None) -> timedelta | None:
+    """The timeout ``group`` was created with, as its backend reports it (None where torch does not say)."""
+    whole = dist.group.WORLD if group is None else group
+    if whole is None:
+        return None
+    try:
+        for device in whole._device_types:
+            timeout: timedelta = whole._get_backend(device).options._timeout
+            return timeout
+    except (AttributeError, RuntimeError):  # private API: absent or changed in this torch
+        return None
+    return None
+
+
+_init_timeout: timedelta | None = None  # the timeout init_distributed created the default group with
+
+
+def _collective_timeout(group: dist.ProcessGroup | None, given: timedelta | None) -> timedelta:
+    """``given``, else the decode group's own timeout, else torch's default for its backend."""
+    if given is not None:
+        return given
+    own = _group_timeout(group)
+    if own is not None:
+        return own
+    if _init_timeout is not None and (group is None or group is dist.group.WORLD):
+        return _init_timeout
+    nccl = "nccl" in str(dist.get_backend(group)).lower()
+    default = dist.constants.default_pg_nccl_timeout if nccl else None
+    return default or dist.constants.default_pg_timeout
 
 
 # ------------------------------------------------------------------------------------------------ hooks
@@ -642,14 +744,25 @@ def init_distributed(
     """Join the process group ``torchrun`` describes and return this rank's device.
 
     Reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` (env://); run
-    without torchrun it forms a group of one. On a machine with CUDA each rank takes ``cuda:LOCAL_RANK``
-    (``torch.cuda.set_device``) and the backend defaults to NCCL; otherwise to gloo on the CPU.
-    ``timeout`` bounds every collective wait: it is how long a rank waits for a dead or stuck peer
-    before its decode raises. Does nothing but return the device if a default group already exists.
+    without torchrun it forms a group of one. On a machine with CUDA the backend defaults to NCCL and
+    each rank takes a GPU of its own (``torch.cuda.set_device``): ``cuda:0`` when the process sees one
+    GPU (a launcher that gives each process its own, as SLURM's GPU binding or a Kubernetes device plugin
+    do), ``cuda:LOCAL_RANK`` when it sees more, and ValueError when ``LOCAL_RANK`` is not below the count
+    it sees — never two ranks on one GPU by accident (NCCL also refuses ranks that share one). Without
+    CUDA the backend defaults to gloo on the CPU.
+
+    ``timeout`` bounds every collective wait: it is how long a rank waits for a dead or stuck peer before
+    its decode raises, and :class:`ShardedWanDecoder` takes it as its ``collective_timeout``. Under NCCL
+    it is also when PyTorch's watchdog acts on a stuck collective (by default it ends the process; see
+    docs/distributed.md). Does nothing but pick and return the device if a default group already exists.
     """
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    global _init_timeout
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        index = _cuda_device_for(
+            local_rank, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
+        device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -659,7 +772,25 @@ def init_distributed(
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None)
+    _init_timeout = timeout
     return device
+
+
+def _cuda_device_for(local_rank: int, visible: int, visible_devices: str | None = None) -> int:
+    """The index of this rank's GPU among the ``visible`` ones (``visible_devices``: CUDA_VISIBLE_DEVICES).
+
+    One visible GPU is this process's own (the launcher hid the others); with more, ``LOCAL_RANK`` picks
+    one. A ``LOCAL_RANK`` without a GPU of its own raises ValueError rather than share another rank's.
+    """
+    if visible == 1 and local_rank >= 0:
+        return 0
+    if 0 <= local_rank < visible:
+        return local_rank
+    raise ValueError(
+        f"LOCAL_RANK={local_rank} has no GPU of its own: this process sees {visible} GPU(s) "
+        f"(CUDA_VISIBLE_DEVICES={visible_devices!r}); start at most one process per visible GPU, "
+        "or give each process its own GPU"
+    )
 
 
 def _free_port() -> int:
