@@ -97,18 +97,23 @@ async def test_a_replaced_file_keeps_its_mode(tmp_path: Path) -> None:
     assert listing(tmp_path) == ["out.mp4"]
 
 
-@pytest.mark.anyio
-async def test_bytes_reach_a_temporary_file_beside_the_target_while_the_decode_runs(tmp_path: Path) -> None:
-    path = earlier_render(tmp_path)
-    partial = tmp_path / "out.mp4.part"
-    async with ChunkedVideoMP4Session(
+def progressive_session(path: Path) -> ChunkedVideoMP4Session:
+    """A session that writes a fragment every two frames to ``path``, with no encoder delay."""
+    return ChunkedVideoMP4Session(
         value_range=(-1, 1),
         fps=16,
         output="fragmented",
         keyframe_interval=2,
         output_files=[path],
         video_codec_options=LOW_LATENCY,
-    ) as session:
+    )
+
+
+@pytest.mark.anyio
+async def test_bytes_reach_a_temporary_file_beside_the_target_while_the_decode_runs(tmp_path: Path) -> None:
+    path = earlier_render(tmp_path)
+    partial = tmp_path / "out.mp4.part"
+    async with progressive_session(path) as session:
         stream = session.open_stream(0, max_buffered=64)
         for chunk in chunks(4):
             await session.push(chunk)
@@ -194,14 +199,7 @@ async def test_a_failed_session_leaves_the_earlier_file_byte_for_byte(
 async def test_a_cancelled_session_leaves_the_earlier_file_and_no_temporary_file(tmp_path: Path) -> None:
     path = earlier_render(tmp_path)
     with anyio.CancelScope() as scope:
-        async with ChunkedVideoMP4Session(
-            value_range=(-1, 1),
-            fps=16,
-            output="fragmented",
-            keyframe_interval=2,
-            output_files=[path],
-            video_codec_options=LOW_LATENCY,
-        ) as session:
+        async with progressive_session(path) as session:
             stream = session.open_stream(0)
             for chunk in chunks(2):
                 await session.push(chunk)
