@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import anyio
 import numpy as np
@@ -35,7 +36,8 @@ from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 from torch import Tensor
 
 from streamvae import decode_to_mp4, quantize_chunk
-from streamvae.distributed import PeerDecodeError, ShardedWanDecoder
+from streamvae import distributed as distributed_module
+from streamvae.distributed import PeerDecodeError, ShardedDecodeStats, ShardedWanDecoder
 from streamvae.models.wan import WanChunkedDecoder
 
 FAMILIES: dict[str, Callable[[], Any]] = {
@@ -77,7 +79,11 @@ class Scenario:
     # STALL_SECONDS, just before that call of its decoder. It breaks the group: last scenario of a group.
     peer_fault: tuple[int, str, int] | None = None
     group_timeout: float | None = None  # decode over a new group with this timeout (seconds)
+    group_ranks: tuple[int, ...] | None = None  # decode over a new group of these ranks; the rest sit out
     nan_latent: bool = False  # one value of every rank's latent is NaN
+    # The agreement runs over a gloo group of its own, as under NCCL (here the decode group is gloo too).
+    own_agreement_group: bool = False
+    consumer_stalls_at: int | None = None  # the owner's on_chunk takes STALL_SECONDS at this chunk
 
 
 @dataclass
@@ -88,6 +94,7 @@ class RankResult:
     videos: list[bytes] | None = None  # decode_to_mp4's return value, None if it raised or was cancelled
     error: tuple[str, str] | None = None  # (type name, message) of what decode_to_mp4 raised
     error_bases: tuple[str, ...] = ()  # names of the error's classes, most derived first
+    error_notes: tuple[str, ...] = ()  # the notes added to the error on its way up
     peer_chunk: int | None = None  # PeerDecodeError.chunk
     cancelled: bool = False  # the cancel scope around decode_to_mp4 caught its cancellation
     chunks: Tensor | None = None  # what on_chunk received, joined along T
@@ -95,6 +102,8 @@ class RankResult:
     stats: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     plain_decode: Tensor | None = None  # the unsharded decode run in another thread mid-decode
+    own_agreement_group: bool = False  # the decoder agreed over a group other than its decode group
+    member: bool = True  # False on a rank outside the scenario's group, which took no part
 
 
 TWO_RANKS = [
@@ -108,6 +117,21 @@ TWO_RANKS = [
     Scenario("wan21_x264_rejects_its_options", "wan21", 4, 8, 8, codec_options={"preset": "no-such-preset"}),
     Scenario("wan21_nan_latent", "wan21", 3, 8, 8, backend="trio", nan_latent=True),
     Scenario(
+        "wan22_own_agreement_group", "wan22", 3, 8, 8, output_rank=1, exact=True, own_agreement_group=True
+    ),
+    Scenario("wan21_own_agreement_group_fails_at_1", "wan21", 4, 8, 8, fail_at=1, own_agreement_group=True),
+    Scenario(
+        "wan21_own_agreement_group_slow_owner",
+        "wan21",
+        3,
+        8,
+        8,
+        backend="trio",
+        own_agreement_group=True,
+        consumer_stalls_at=1,
+        group_timeout=STALL_TIMEOUT,
+    ),
+    Scenario(
         "wan21_rank_1_stalls", "wan21", 3, 8, 8, peer_fault=(1, "stalls", 2), group_timeout=STALL_TIMEOUT
     ),
 ]
@@ -118,6 +142,17 @@ THREE_RANKS = [
     Scenario("wan22_width_one_column_strips", "wan22", 2, 8, 3, shard="width"),
     Scenario("wan22_encoder_fails_at_0_owner_2", "wan22", 3, 8, 8, backend="trio", output_rank=2, fail_at=0),
     Scenario("wan21_caller_cancelled_at_last", "wan21", 3, 8, 8, cancel_at=2),
+    Scenario(  # a gloo agreement group over a subgroup: ranks 0 and 2 create it alone
+        "wan21_ranks_0_2_own_agreement_group_fails_at_1",
+        "wan21",
+        3,
+        8,
+        8,
+        output_rank=1,  # global rank 2
+        fail_at=1,
+        group_ranks=(0, 2),
+        own_agreement_group=True,
+    ),
     Scenario("wan22_rank_1_dies", "wan22", 3, 8, 8, backend="trio", peer_fault=(1, "dies", 2)),
 ]
 SCENARIOS = {s.name: (world, s) for world, group in ((2, TWO_RANKS), (3, THREE_RANKS)) for s in group}
@@ -154,6 +189,8 @@ class Recorder:
             if index == self.scenario.cancel_at:
                 assert self._scope is not None
                 anyio.from_thread.run_sync(self._scope.cancel)
+            if index == self.scenario.consumer_stalls_at:
+                time.sleep(STALL_SECONDS)  # a consumer slower than the group's timeout: peers stop waiting
             on_chunk(chunk)
 
         self.decoder.decode_with_chunks(z, on_chunk=recording)
@@ -196,14 +233,21 @@ def _run_scenario(scenario: Scenario, rank: int) -> RankResult:
     if scenario.nan_latent:
         z[0, 3, 1, 2, 5] = float("nan")
     group = None
-    if scenario.group_timeout is not None:
-        group = dist.new_group(timeout=timedelta(seconds=scenario.group_timeout))
-    decoder = ShardedWanDecoder(
-        vae,
-        shard=scenario.shard,  # type: ignore[arg-type]
-        output_rank=scenario.output_rank,
-        group=group,
-    )
+    if scenario.group_timeout is not None or scenario.group_ranks is not None:
+        timeout = None if scenario.group_timeout is None else timedelta(seconds=scenario.group_timeout)
+        ranks = None if scenario.group_ranks is None else list(scenario.group_ranks)
+        group = dist.new_group(ranks=ranks, timeout=timeout)  # every rank of the world takes part
+        if ranks is not None and rank not in ranks:
+            return RankResult(rank=rank, member=False)
+    # A group whose host tensors do not go through gloo (NCCL) gets a gloo agreement group of its own.
+    as_if_nccl = mock.patch.object(distributed_module, "_runs_on_host", lambda group: False)
+    with as_if_nccl if scenario.own_agreement_group else contextlib.nullcontext():
+        decoder = ShardedWanDecoder(
+            vae,
+            shard=scenario.shard,  # type: ignore[arg-type]
+            output_rank=scenario.output_rank,
+            group=group,
+        )
     _inject_fault(vae, scenario, rank)
     recorder = Recorder(decoder, scenario, z)
     result = RankResult(rank=rank)
@@ -215,13 +259,36 @@ def _run_scenario(scenario: Scenario, rank: int) -> RankResult:
         except Exception as error:
             result.error = (type(error).__name__, str(error))
             result.error_bases = tuple(cls.__name__ for cls in type(error).__mro__)
+            result.error_notes = tuple(getattr(error, "__notes__", ()))
             result.peer_chunk = error.chunk if isinstance(error, PeerDecodeError) else None
     result.seconds = time.monotonic() - started
     result.stats = dataclasses.asdict(decoder.stats)
     result.published = len(recorder.chunks)
     result.chunks = torch.cat(recorder.chunks, dim=2) if recorder.chunks else None
     result.plain_decode = recorder.plain_decode
+    result.own_agreement_group = decoder._agreement_group is not group
     return result
+
+
+ONE_BUFFER_GATHER = "one_buffer_gather"  # not a scenario: each rank's check of the halo gather
+
+
+def _check_one_buffer_gather(rank: int) -> RankResult:
+    """Whether the decode's one-buffer all_gather gives what a list all_gather gives, for a few tensors."""
+    world = dist.get_world_size()
+    tensors = {
+        "halo rows (1-D)": torch.arange(10, dtype=torch.float32) + 100 * rank,
+        "strip (5-D, not contiguous)": torch.randn(1, 3, 2, 5, 4).transpose(-1, -2) + rank,
+        "bfloat16": (torch.randn(4, 6) + rank).to(torch.bfloat16),
+    }
+    same: dict[str, Any] = {}
+    for name, tensor in tensors.items():
+        comm = distributed_module._Collectives(None, torch.device("cpu"), ShardedDecodeStats())
+        ours = comm.all_gather(tensor)
+        theirs = [torch.empty_like(tensor.contiguous()) for _ in range(world)]
+        dist.all_gather(theirs, tensor.contiguous())
+        same[name] = len(ours) == world and all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    return RankResult(rank=rank, stats=same)
 
 
 def _rank_main(rank: int, world: int, folder: str, scenarios: list[Scenario]) -> None:
@@ -230,10 +297,12 @@ def _rank_main(rank: int, world: int, folder: str, scenarios: list[Scenario]) ->
         "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world, timeout=GLOO_TIMEOUT
     )
     try:
-        results: dict[str, RankResult] = {}
-        for scenario in scenarios:
+        results: dict[str, RankResult] = {ONE_BUFFER_GATHER: _check_one_buffer_gather(rank)}
+        for index, scenario in enumerate(scenarios):
             results[scenario.name] = _run_scenario(scenario, rank)
             torch.save(results, f"{folder}/rank{rank}.pt")  # a rank that dies later keeps these
+            if index + 1 < len(scenarios):
+                dist.barrier()  # a scenario whose group broke leaves its ranks apart: start the next together
     finally:
         dist.destroy_process_group()
 
@@ -261,7 +330,8 @@ def run_group(world: int, scenarios: list[Scenario], folder: Path) -> dict[str, 
     assert codes == [0] * world, f"rank exit codes {codes}"
     per_rank = [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
     died = RankResult(rank=-1, error=("died", ""))
-    return {s.name: [results.get(s.name, died) for results in per_rank] for s in scenarios}
+    names = [ONE_BUFFER_GATHER, *(s.name for s in scenarios)]
+    return {name: [results.get(name, died) for results in per_rank] for name in names}
 
 
 @pytest.fixture(scope="module")
@@ -275,9 +345,10 @@ def three_ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Rank
 
 
 def results_of(request: pytest.FixtureRequest, name: str) -> tuple[Scenario, list[RankResult]]:
+    """The scenario and what each rank of its group saw, in group rank order."""
     world, scenario = SCENARIOS[name]
     group: dict[str, list[RankResult]] = request.getfixturevalue("two_ranks" if world == 2 else "three_ranks")
-    return scenario, group[name]
+    return scenario, [r for r in group[name] if r.member]
 
 
 # ------------------------------------------------------------------------------------------- references
@@ -306,7 +377,7 @@ def owner_of(scenario: Scenario, ranks: list[RankResult]) -> RankResult:
 
 
 def others_of(scenario: Scenario, ranks: list[RankResult]) -> list[RankResult]:
-    return [r for r in ranks if r.rank != scenario.output_rank]
+    return [r for group_rank, r in enumerate(ranks) if group_rank != scenario.output_rank]
 
 
 COMPLETE = [
@@ -316,6 +387,7 @@ COMPLETE = [
     and s.cancel_at is None
     and s.codec_options == CODEC
     and s.peer_fault is None
+    and s.consumer_stalls_at is None
     and not s.nan_latent
 ]
 
@@ -365,7 +437,12 @@ def test_non_owner_ranks_publish_nothing_and_get_an_empty_list(
 
 
 @pytest.mark.parametrize(
-    "name", [name for name, (_, s) in SCENARIOS.items() if s.peer_fault is None and not s.nan_latent]
+    "name",
+    [
+        name
+        for name, (_, s) in SCENARIOS.items()
+        if s.peer_fault is None and s.consumer_stalls_at is None and not s.nan_latent
+    ],
 )
 def test_every_rank_runs_the_same_collectives(request: pytest.FixtureRequest, name: str) -> None:
     _, ranks = results_of(request, name)
@@ -468,6 +545,34 @@ def test_a_stalled_peer_makes_every_other_rank_raise_after_the_group_timeout(
     # The wait is the collective's, bounded by the group's timeout: not by how long the peer stays silent.
     assert STALL_TIMEOUT * 0.9 <= owner.seconds < STALL_SECONDS * 0.75
     assert owner.stats["steps"] == 1 and owner.published == 1
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_one_buffer_halo_gather_equals_a_list_gather(request: pytest.FixtureRequest, world: int) -> None:
+    group: dict[str, list[RankResult]] = request.getfixturevalue("two_ranks" if world == 2 else "three_ranks")
+    for rank in group[ONE_BUFFER_GATHER]:
+        assert rank.stats and all(rank.stats.values()), rank.stats
+
+
+def test_a_group_that_is_not_gloo_agrees_over_a_gloo_group_of_its_own(request: pytest.FixtureRequest) -> None:
+    for name, (_, scenario) in SCENARIOS.items():
+        _, ranks = results_of(request, name)
+        for rank in ranks:
+            if rank.rank >= 0:  # a rank that died reports nothing
+                assert rank.own_agreement_group == scenario.own_agreement_group, name
+
+
+def test_a_slow_owner_makes_its_peers_raise_after_the_group_timeout(request: pytest.FixtureRequest) -> None:
+    # The peer waits for the owner's verdict over the agreement group, whose timeout is the decode group's
+    # (3 s here), not torch's default for gloo (30 min): it raises while the owner is still publishing.
+    scenario, ranks = results_of(request, "wan21_own_agreement_group_slow_owner")
+    owner, (peer,) = owner_of(scenario, ranks), others_of(scenario, ranks)
+    assert peer.error is not None and "RuntimeError" in peer.error_bases, peer.error
+    assert any("agreeing on the output rank's verdict on chunk 1" in note for note in peer.error_notes)
+    assert STALL_TIMEOUT * 0.9 <= peer.seconds < STALL_SECONDS * 0.75
+    assert peer.stats["steps"] == scenario.consumer_stalls_at + 1 and peer.published == 0
+    assert owner.error is not None and "RuntimeError" in owner.error_bases, owner.error  # no hang either
+    assert owner.published == scenario.consumer_stalls_at + 1
 
 
 # --------------------------------------------------------------------------------- a group of one, here

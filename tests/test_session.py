@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from streamvae import ChunkedVideoMP4Session, SessionClosedError
+from streamvae._pipeline import StagePipeline
 from streamvae.encode import EntryEncoder, open_containers
 from tests._media import (
     DETERMINISTIC_X264,
@@ -387,16 +388,16 @@ async def test_prepare_allocates_no_float_temporary_the_size_of_a_chunk(
     pixel_format: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     largest: list[int] = []
-    quantize_groups = ChunkedVideoMP4Session._quantize_groups
+    quantize_groups = StagePipeline._quantize_groups
 
-    def profiled(self: ChunkedVideoMP4Session, *args: Any) -> Any:
+    def profiled(self: StagePipeline, *args: Any) -> Any:
         # In the prepare stage's worker thread: what does quantizing one chunk allocate?
         with torch.autograd.profiler.profile(profile_memory=True, use_kineto=False) as profiler:
             result = quantize_groups(self, *args)
         largest.append(max(e.cpu_memory_usage for e in profiler.function_events))
         return result
 
-    monkeypatch.setattr(ChunkedVideoMP4Session, "_quantize_groups", profiled)
+    monkeypatch.setattr(StagePipeline, "_quantize_groups", profiled)
     chunks = wan_like_chunks(5, height=128, width=192)
     await stream_chunks(chunks, pixel_format=pixel_format)
     group = (128 * 192 * 3) if pixel_format == "rgb24" else (128 * 192 * 3 // 2)  # one frame of uint8

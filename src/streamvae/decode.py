@@ -20,8 +20,10 @@ import anyio.lowlevel
 import torch
 from torch import Tensor
 
+from streamvae._options import SessionOptions
+from streamvae._session import ChunkedVideoMP4Session
+from streamvae._sinks import MP4ByteStream
 from streamvae.protocol import SupportsChunkedVAEDecode, check_latents
-from streamvae.session import ChunkedVideoMP4Session, MP4ByteStream
 
 __all__ = ["as_chunked_decoder", "decode_to_mp4", "stream_mp4"]
 
@@ -100,7 +102,8 @@ async def decode_to_mp4(
 
     ``vae`` is a :class:`SupportsChunkedVAEDecode` or a supported diffusers VAE (wrapped by
     :func:`streamvae.models.chunked_decoder`; same module, nothing reloaded). ``session_options`` go to
-    :class:`ChunkedVideoMP4Session` (``fps`` is required; ``value_range`` defaults to the decoder's).
+    :class:`ChunkedVideoMP4Session` (``fps`` is required; ``value_range`` defaults to the decoder's), or
+    pass one checked :class:`streamvae.SessionOptions` as ``options=``.
     ``decode_limiter`` bounds concurrent decodes across calls (default: one limiter per call);
     ``on_session`` is called with the session once it is open (progress bars, statistics).
 
@@ -121,15 +124,15 @@ async def decode_to_mp4(
     decoder = as_chunked_decoder(vae)
     z = _check_latents(decoder, z, "decode_to_mp4")
     limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
-    session_options.setdefault("value_range", decoder.chunk_value_range)
     if not getattr(decoder, "is_output_rank", True):
         # Every rank checks the options before the first collective: a bad one raises here on every
         # rank at once, instead of on the output rank alone while its peers wait out the group timeout.
         # Output files are the output rank's (their directory may exist on its machine only).
-        ChunkedVideoMP4Session(**{**session_options, "output_files": None})
+        _session_options(decoder, {**session_options, "output_files": None})
         await anyio.to_thread.run_sync(_decode_without_output, decoder, z, limiter=limiter)
         return []
-    session = ChunkedVideoMP4Session(**session_options)  # options are checked before the decode starts
+    # The options are checked before the decode starts.
+    session = ChunkedVideoMP4Session(options=_session_options(decoder, session_options))
     async with session:
         if on_session is not None:
             on_session(session)
@@ -164,31 +167,42 @@ async def stream_mp4(
     if not getattr(decoder, "is_output_rank", True):
         raise ValueError("stream_mp4() on a rank that does not own the output: call decode_to_mp4() there")
     limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
-    session_options.setdefault("value_range", decoder.chunk_value_range)
-    session_options.setdefault("output", "fragmented")
-    session = ChunkedVideoMP4Session(**session_options)
+    session = ChunkedVideoMP4Session(options=_session_options(decoder, session_options, output="fragmented"))
     streams = [session.open_stream(entry, max_buffered=max_buffered) for entry in range(z.shape[0])]
     decode_scope = anyio.CancelScope()
 
-    async def run() -> None:
+    async def decode() -> None:
         with decode_scope:
-            try:
-                await _decode_into(decoder, z, session, limiter, "stream_mp4")
-                await session.finish()
-            except Exception as error:
-                session._abort(error)  # surfaces through the streams and when the block ends
+            await _decode_into(decoder, z, session, limiter, "stream_mp4")
+            await session.finish()
 
     async with session:
         if on_session is not None:
             on_session(session)
-        # The decode runs as a task of the session itself, so an error reaches the caller unwrapped.
-        session._start_background(run)
+        # The decode is the session's producer: its error reaches the streams and the block unwrapped.
+        session.start_producer(decode)
         try:
             yield streams
         finally:
             decode_scope.cancel()  # a no-op once the decode is done; stops it if the caller left early
             for stream in streams:
                 await stream.aclose()
+
+
+def _session_options(
+    decoder: SupportsChunkedVAEDecode, keywords: dict[str, Any], **defaults: Any
+) -> SessionOptions:
+    """``options=`` as given, or the session keywords over ``defaults`` and the decoder's value range."""
+    options = keywords.get("options")
+    if options is None:
+        keywords = {key: value for key, value in keywords.items() if key != "options"}
+        return SessionOptions(**{"value_range": decoder.chunk_value_range, **defaults, **keywords})
+    others = sorted(key for key, value in keywords.items() if key != "options" and value is not None)
+    if others:
+        raise TypeError(f"pass the session options as options= or as keywords, not both (got {others})")
+    if not isinstance(options, SessionOptions):
+        raise TypeError(f"options must be a streamvae.SessionOptions, got {type(options).__name__}")
+    return options
 
 
 async def _decode_into(

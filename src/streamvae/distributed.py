@@ -244,7 +244,7 @@ class ShardedWanDecoder:
 
     def _check_same_latent(self, agreement: _Agreement, z: Tensor) -> None:
         mine = torch.tensor([*z.shape, self._axis, self.output_rank], dtype=torch.int64)
-        everyone = agreement.all_gather(mine)
+        everyone = agreement.all_gather(mine, "the latent's shape")
         if any(not torch.equal(theirs, mine) for theirs in everyone):
             shapes = [tuple(t.tolist()) for t in everyone]
             raise ValueError(
@@ -268,7 +268,7 @@ class ShardedWanDecoder:
             told = f"{type(publisher.error).__name__}: {publisher.error}".encode()[: _STATUS_BYTES - 1]
             status[0] = 1
             status[1 : 1 + len(told)] = torch.frombuffer(bytearray(told), dtype=torch.uint8)
-        agreement.broadcast(status, self._output_global_rank)
+        agreement.broadcast(status, self._output_global_rank, f"the output rank's verdict on chunk {index}")
         if int(status[0]) == 0:
             return None
         text = bytes(status[1:].tolist()).rstrip(b"\0").decode(errors="replace")
@@ -361,6 +361,12 @@ def _comm_device(group: dist.ProcessGroup | None, device: torch.device) -> torch
     return torch.device("cpu")
 
 
+# One gather into one buffer (NCCL and gloo); torch 2.13 renamed it, older torch has the old name only.
+_all_gather_single: Callable[..., Any] = (
+    getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+)
+
+
 class _Collectives:
     """The decode group's collectives (halos, whole frames, chunks), counted; one instance per decode.
 
@@ -382,7 +388,7 @@ class _Collectives:
         world = dist.get_world_size(self.group)
         # One output buffer: a list of outputs makes NCCL gather into a flat buffer and copy each out.
         gathered = tensor.new_empty((world * tensor.shape[0], *tensor.shape[1:]))
-        dist.all_gather_into_tensor(gathered, tensor, group=self.group)
+        _all_gather_single(gathered, tensor, group=self.group)
         return list(gathered.chunk(world))
 
     def gather(self, tensor: Tensor, dst: int) -> list[Tensor] | None:
@@ -411,23 +417,30 @@ class _Agreement:
         self.timeout = timeout
         self.stats = stats
 
-    def all_gather(self, tensor: Tensor) -> list[Tensor]:
-        """Every rank's host ``tensor``, in the agreement group's rank order."""
+    def all_gather(self, tensor: Tensor, what: str) -> list[Tensor]:
+        """Every rank's host ``tensor`` (``what`` it is, for errors), in the agreement group's rank order."""
         assert tensor.device.type == "cpu"
         self.stats.collectives += 1
         pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.group))]
-        self._wait(dist.all_gather(pieces, tensor, group=self.group, async_op=True))
+        self._wait(dist.all_gather(pieces, tensor, group=self.group, async_op=True), what)
         return pieces
 
-    def broadcast(self, tensor: Tensor, src: int) -> None:
-        """Overwrite host ``tensor`` with global rank ``src``'s."""
+    def broadcast(self, tensor: Tensor, src: int, what: str) -> None:
+        """Overwrite host ``tensor`` with global rank ``src``'s (``what`` it is, for errors)."""
         assert tensor.device.type == "cpu"
         self.stats.collectives += 1
-        self._wait(dist.broadcast(tensor, src=src, group=self.group, async_op=True))
+        self._wait(dist.broadcast(tensor, src=src, group=self.group, async_op=True), what)
 
-    def _wait(self, work: dist.Work | None) -> None:
+    def _wait(self, work: dist.Work | None, what: str) -> None:
         assert work is not None
-        work.wait(timeout=self.timeout)  # raises RuntimeError once it has passed (or the peer is gone)
+        try:
+            work.wait(timeout=self.timeout)  # raises once it has passed, or at once if a peer is gone
+        except RuntimeError as error:  # the backend's own type stays: a note says where it happened
+            error.add_note(
+                f"streamvae: the ranks of a sharded decode were agreeing on {what} (collective timeout "
+                f"{self.timeout}): a peer died, stalled, or ran other collectives"
+            )
+            raise
 
 
 def _global_rank(group: dist.ProcessGroup | None, group_rank: int) -> int:

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from streamvae._errors import RingAbortedError, check_int
+
 __all__ = ["ChunkLease", "ChunkTransferStats", "PinnedChunkRing", "RingAbortedError", "host_lease"]
 
 _POLL_START_SECONDS = 0.0002
@@ -46,10 +48,6 @@ def _copy_stream(device: torch.device) -> Any:
         if stream is None:
             stream = _copy_streams[device] = torch.cuda.Stream(device, priority=-1)
         return stream
-
-
-class RingAbortedError(RuntimeError):
-    """The ring was aborted without a more specific error."""
 
 
 @dataclass(frozen=True)
@@ -228,9 +226,7 @@ class PinnedChunkRing:
     """
 
     def __init__(self, depth: int, device: torch.device | str = "cpu") -> None:
-        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 1:
-            raise ValueError(f"depth must be an int >= 1, got {depth!r}")
-        self.depth = depth
+        self.depth = check_int("depth", depth, minimum=1)
         self.device = torch.device(device)
         self._cuda = self.device.type == "cuda"
         if self._cuda and self.device.index is None:
@@ -279,8 +275,7 @@ class PinnedChunkRing:
         and read from :attr:`ChunkLease.extra` once the lease has landed, so reading it never waits for
         the device.
         """
-        if not isinstance(readers, int) or readers < 1:
-            raise ValueError(f"readers must be an int >= 1, got {readers!r}")
+        check_int("readers", readers, minimum=1)
         if not isinstance(frames, Tensor) or frames.dtype != torch.uint8 or not frames.is_contiguous():
             raise ValueError("frames must be a contiguous uint8 torch.Tensor")
         for name, tensor in (("frames", frames), ("extra", extra)):

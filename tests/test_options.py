@@ -1,0 +1,129 @@
+"""Session options as one checked value, and the library's errors: no event loop needed."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import streamvae
+from streamvae import (
+    ArgumentTypeError,
+    ChunkedVideoMP4Session,
+    PinnedChunkRing,
+    RingAbortedError,
+    SessionClosedError,
+    SessionOptions,
+    StreamVAEError,
+    UnreadStreamError,
+    decode_to_mp4,
+)
+from tests._media import read_mp4
+
+
+def test_options_are_checked_and_normalized_without_an_event_loop() -> None:
+    options = SessionOptions(
+        value_range=(-1, 1),
+        fps=23.976,
+        output="fragmented",
+        audio_waveforms=[np.zeros(100), None],
+        audio_sample_rate=8000,
+        video_codec_options={"crf": "20"},
+    )
+    assert options.fps == Fraction(2997, 125) and options.value_range == (-1.0, 1.0)
+    assert options.keyframe_interval == 24  # fragmented MP4: a keyframe (and fragment) a second
+    waveform = options.audio_waveforms[0] if options.audio_waveforms else None
+    assert waveform is not None and waveform.dtype == np.float32 and waveform.shape == (1, 100)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.fps = Fraction(8)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        options.video_codec_options["crf"] = "30"  # type: ignore[index]
+    with pytest.raises(ValueError, match="fps must be a number between"):
+        dataclasses.replace(options, fps=0)  # a variant is checked too
+    assert dataclasses.replace(options, fps=8).keyframe_interval == 24  # normalized values are kept
+
+
+def test_every_option_error_is_raised_when_the_options_are_built() -> None:
+    with pytest.raises(ValueError, match="batch_frames must be an int >= 1, got 0"):
+        SessionOptions(value_range=(0, 1), fps=8, batch_frames=0)
+    with pytest.raises(ValueError, match="output must be 'mp4' or 'fragmented', got 'webm'"):
+        SessionOptions(value_range=(0, 1), fps=8, output="webm")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        SessionOptions(value_range=(0, 1))  # type: ignore[call-arg]  # fps is required
+
+
+@pytest.mark.parametrize(
+    ("options", "name"),
+    [
+        ({"batch_frames": "2"}, "batch_frames"),
+        ({"transfer_slots": 1.5}, "transfer_slots"),
+        ({"keyframe_interval": True}, "keyframe_interval"),
+        ({"crop": "64x64"}, "crop"),
+        ({"video_codec_options": {"crf": 18}}, "video_codec_options"),
+        ({"audio_waveforms": np.zeros(10), "audio_sample_rate": 8000}, "audio_waveforms"),
+        ({"encode_limiter": 2}, "encode_limiter"),
+    ],
+)
+def test_a_wrong_type_is_a_type_error_that_older_value_error_handlers_still_catch(
+    options: dict[str, Any], name: str
+) -> None:
+    with pytest.raises(ArgumentTypeError, match=name) as caught:
+        SessionOptions(value_range=(0, 1), fps=8, **options)
+    assert isinstance(caught.value, TypeError) and isinstance(caught.value, ValueError)
+    with pytest.raises(ValueError, match=name):
+        ChunkedVideoMP4Session(value_range=(0, 1), fps=8, **options)
+    with pytest.raises(TypeError, match=name):
+        ChunkedVideoMP4Session(value_range=(0, 1), fps=8, **options)
+
+
+def test_the_librarys_own_errors_share_one_base_and_stay_runtime_errors() -> None:
+    for error in (SessionClosedError("x"), RingAbortedError("x"), UnreadStreamError(0, 1)):
+        assert isinstance(error, StreamVAEError) and isinstance(error, RuntimeError)
+    assert isinstance(ArgumentTypeError("x"), StreamVAEError)
+    copy = pickle.loads(pickle.dumps(UnreadStreamError(2, 3)))  # errors cross process boundaries
+    assert (copy.waiting, copy.unread) == (2, 3) and str(copy) == str(UnreadStreamError(2, 3))
+    with pytest.raises(ArgumentTypeError, match="depth"):
+        PinnedChunkRing(2.0)  # type: ignore[arg-type]
+
+
+def test_a_session_reads_its_options_as_attributes() -> None:
+    session = ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, crop=(32, 48), output="fragmented")
+    assert session.options.crop == (32, 48) == session.crop
+    assert session.fps == 16 and session.keyframe_interval == 16 and session.output == "fragmented"
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        session.nothing  # noqa: B018
+
+
+def test_options_are_given_once() -> None:
+    options = SessionOptions(value_range=(-1, 1), fps=16)
+    with pytest.raises(TypeError, match="options= or as keywords, not both"):
+        ChunkedVideoMP4Session(options=options, fps=8)
+    with pytest.raises(TypeError, match="must be a streamvae.SessionOptions"):
+        ChunkedVideoMP4Session(options={"fps": 8})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="needs value_range= and fps="):
+        ChunkedVideoMP4Session(fps=8)
+
+
+class FlatDecoder:
+    chunk_value_range = (-1.0, 1.0)
+
+    def decode_with_chunks(self, z: torch.Tensor, *, on_chunk: Any) -> None:
+        for _ in range(z.shape[2]):
+            on_chunk(torch.zeros(z.shape[0], 3, 1, 16, 16))
+
+
+@pytest.mark.anyio
+async def test_decode_to_mp4_takes_one_options_value() -> None:
+    options = SessionOptions(value_range=(-1, 1), fps=8, video_codec_options={"threads": "1"})
+    (video,) = await decode_to_mp4(FlatDecoder(), torch.zeros(1, 4, 3, 2, 2), options=options)
+    assert read_mp4(video).frames.shape[0] == 3 and read_mp4(video).fps == 8
+    with pytest.raises(TypeError, match="not both"):
+        await decode_to_mp4(FlatDecoder(), torch.zeros(1, 4, 3, 2, 2), options=options, fps=8)
+    async with streamvae.stream_mp4(FlatDecoder(), torch.zeros(1, 4, 2, 2, 2), options=options) as (stream,):
+        data = b"".join([piece async for piece in stream])
+    assert read_mp4(data).frames.shape[0] == 2
