@@ -23,6 +23,7 @@ from streamvae import (
     UnreadStreamError,
     decode_to_mp4,
 )
+from streamvae.distributed import PeerDecodeError
 from tests._media import read_mp4
 
 
@@ -85,6 +86,8 @@ def test_the_librarys_own_errors_share_one_base_and_stay_runtime_errors() -> Non
     for error in (SessionClosedError("x"), RingAbortedError("x"), UnreadStreamError(0, 1)):
         assert isinstance(error, StreamVAEError) and isinstance(error, RuntimeError)
     assert isinstance(ArgumentTypeError("x"), StreamVAEError)
+    peer = PeerDecodeError("stopped", chunk=1, output_error="ValueError: x")
+    assert isinstance(peer, StreamVAEError) and isinstance(peer, RuntimeError)
     copy = pickle.loads(pickle.dumps(UnreadStreamError(2, 3)))  # errors cross process boundaries
     assert (copy.waiting, copy.unread) == (2, 3) and str(copy) == str(UnreadStreamError(2, 3))
     with pytest.raises(ArgumentTypeError, match="depth"):

@@ -36,6 +36,7 @@ from diffusers.models.autoencoders.autoencoder_kl_qwenimage import QwenImageAtte
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock
 from torch import Tensor, nn
 
+from streamvae._errors import StreamVAEError
 from streamvae.models.wan import WanChunkedDecoder, WanFamilyVAE
 from streamvae.protocol import ChunkPublisher
 
@@ -57,7 +58,7 @@ _CPU_VECTOR_STEP = 64  # a whole number of vector-loop steps for AVX2 (16 floats
 _STATUS_BYTES = 256  # the owner's per-step verdict: a flag byte, then the error's text (UTF-8, truncated)
 
 
-class PeerDecodeError(RuntimeError):
+class PeerDecodeError(StreamVAEError, RuntimeError):
     """Raised on a rank that does not own the output when the output rank stopped the decode.
 
     The output rank's ``on_chunk`` failed (a failed session, an encoder error) or its caller was cancelled;
