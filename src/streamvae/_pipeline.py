@@ -32,6 +32,7 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from torch import Tensor
 
+from streamvae._errors import RingAbortedError
 from streamvae._options import SessionOptions
 from streamvae._sinks import EntrySink, MP4ByteStream, watch_readers
 from streamvae.encode import EntryEncoder, PixelFormat
@@ -141,8 +142,10 @@ class StagePipeline:
         """Run one stage; its first real error fails the session instead of cancelling the caller."""
         try:
             await stage(*args)
-        except _CLOSED:
-            pass  # a neighbouring stage ended first; whatever made it end is recorded there
+        except (*_CLOSED, RingAbortedError):
+            # A neighbouring stage ended first, or the session is being left without an error (the ring
+            # aborted without one): whatever made it end is recorded there, or is no failure at all.
+            pass
         except Exception as error:
             self._fail(error)
 

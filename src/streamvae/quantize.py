@@ -87,7 +87,13 @@ class ChunkQuantizer:
     def __init__(self, value_range: tuple[float, float], pixel_format: PixelPath = "rgb24") -> None:
         if pixel_format not in ("rgb24", "yuv420p"):
             raise ValueError(f"pixel_format must be 'rgb24' or 'yuv420p', got {pixel_format!r}")
-        self.value_range = check_value_range(value_range)
+        low, high = check_value_range(value_range)
+        # The ends as float32 holds them, and the span between those: values are clamped in float32, so a
+        # span taken from the float64 ends would put float32's ``high`` off 1 — below it (no top level)
+        # or above it (wrapping past 255) for ends float32 cannot hold, like (128, 128.001).
+        low, high = (float(torch.tensor(end, dtype=torch.float32)) for end in (low, high))
+        self.value_range = (low, high)
+        self._scale = 1.0 / (high - low)
         self.pixel_format: PixelPath = pixel_format
         self._scratch: Tensor | None = None  # kept between calls on the CPU only
 
@@ -136,7 +142,7 @@ class ChunkQuantizer:
             scratch = self._scratch = torch.empty(size + floats, dtype=torch.float32, device=chunk.device)
         # fp32 arithmetic: bf16 has 8 significant bits, too few to scale to 255 levels and round exactly.
         x = scratch[:size].view(source.shape).copy_(source)
-        x.clamp_(low, high).sub_(low).mul_(1.0 / (high - low))
+        x.clamp_(low, high).sub_(low).mul_(self._scale)
         return x, scratch[size : size + floats]
 
     @staticmethod

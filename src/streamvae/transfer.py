@@ -243,6 +243,9 @@ class PinnedChunkRing:
     @property
     def slots_in_use(self) -> int:
         """Slots held by a chunk that some reader (or a pending copy) still needs."""
+        # A retired slot whose copy has landed is needed by nobody: it comes back now, not at the next
+        # transfer (after an abort there is none).
+        self._reclaim_retired(teardown=self._error is not None)
         return self.depth - len(self._free)
 
     def stats(self) -> ChunkTransferStats:
