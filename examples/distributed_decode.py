@@ -25,6 +25,9 @@ import torch.distributed as dist
 from diffusers import AutoencoderKLWan
 
 from streamvae import decode_to_mp4
+from streamvae.cli import CliError
+from streamvae.cli import load_latents as load_saved_latents
+from streamvae.cli import load_vae as load_saved_vae
 from streamvae.distributed import ShardedWanDecoder, init_distributed
 from streamvae.models.wan import denormalize_wan_latents
 
@@ -58,7 +61,7 @@ def parse_args() -> argparse.Namespace:
         "--tiny", choices=sorted(TINY_CONFIGS), default="wan21", help="tiny config without --vae"
     )
     parser.add_argument(
-        "--latents", type=Path, help="a torch.save'd [B, C, T, H, W] latent (default: seeded)"
+        "--latents", type=Path, help="a .pt or .safetensors [B, C, T, H, W] latent (default: seeded)"
     )
     parser.add_argument("--normalized", action="store_true", help="the latents are a pipeline's, normalized")
     parser.add_argument("--frames", type=int, default=5, help="latent frames of the seeded latent")
@@ -74,17 +77,21 @@ def load_vae(args: argparse.Namespace, device: torch.device) -> AutoencoderKLWan
     if args.vae is None:
         torch.manual_seed(args.seed)  # the same weights on every rank
         vae = AutoencoderKLWan(**TINY_CONFIGS[args.tiny])
-    else:
-        try:
-            vae = AutoencoderKLWan.from_pretrained(args.vae, subfolder="vae")
-        except (OSError, ValueError):
-            vae = AutoencoderKLWan.from_pretrained(args.vae)
+        return vae.to(device).eval()
+    directory = Path(args.vae)
+    if directory.is_dir():  # a saved VAE, or a pipeline with it in vae/: read as `streamvae decode` does
+        subfolder = "vae" if (directory / "vae" / "config.json").is_file() else None
+        return load_saved_vae(directory, subfolder=subfolder, device=str(device))
+    try:  # a hub id
+        vae = AutoencoderKLWan.from_pretrained(args.vae, subfolder="vae")
+    except (OSError, ValueError):
+        vae = AutoencoderKLWan.from_pretrained(args.vae)
     return vae.to(device).eval()
 
 
 def load_latents(args: argparse.Namespace, vae: AutoencoderKLWan) -> torch.Tensor:
     if args.latents is not None:
-        z: torch.Tensor = torch.load(args.latents, map_location="cpu", weights_only=True)
+        z = load_saved_latents(args.latents)  # .pt or .safetensors, [B, C, T, H, W] or [C, T, H, W]
         return denormalize_wan_latents(vae, z) if args.normalized else z
     generator = torch.Generator().manual_seed(args.seed)
     shape = (1, int(vae.config["z_dim"]), args.frames, args.height, args.width)
@@ -95,9 +102,12 @@ def main() -> None:
     args = parse_args()
     device = init_distributed(timeout=timedelta(seconds=args.timeout))
     try:
-        vae = load_vae(args, device)
+        try:
+            vae = load_vae(args, device)
+            z = load_latents(args, vae)
+        except CliError as error:  # a missing or unreadable input: one line, as the CLI reports it
+            raise SystemExit(f"distributed_decode: error: {error}") from None
         decoder = ShardedWanDecoder(vae, shard=args.shard)
-        z = load_latents(args, vae)
         started = time.perf_counter()
         videos = anyio.run(functools.partial(decode_to_mp4, decoder, z, fps=args.fps))
         seconds = time.perf_counter() - started

@@ -274,6 +274,29 @@ def test_an_output_path_that_cannot_be_written_is_one_line(
     assert (tmp_path / "a file").read_bytes() == b"not a directory"
 
 
+def test_a_session_option_the_session_refuses_fails_before_the_decode(
+    vae_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "latents.pt"
+    torch.save(latent(tiny_wan21(), frames=2), source)
+    audio = tmp_path / "zero-rate.wav"
+    write_wav(audio, seconds=0.5)
+    header = bytearray(audio.read_bytes())
+    header[24:28] = bytes(4)  # a header that says 0 samples a second: wave reads it, the session refuses
+    audio.write_bytes(bytes(header))
+    decodes: list[object] = []
+
+    async def recording_decode(job: object, *, progress: bool) -> None:
+        decodes.append(job)
+
+    monkeypatch.setattr(cli, "run_decode", recording_decode)
+    output = tmp_path / "out.mp4"
+    args = ["decode", str(source), "-o", str(output), "--vae", str(vae_dir), "--audio", str(audio)]
+    assert main([*args, "--quiet"]) == 1
+    assert "audio_sample_rate must be" in one_line_error(capsys)
+    assert decodes == [] and not output.exists()
+
+
 @pytest.mark.parametrize(
     ("error", "message"),
     [

@@ -17,6 +17,7 @@ from streamvae.demo import demo_latent, demo_vae
 from streamvae.encode import EntryEncoder, open_containers
 from streamvae.models import chunked_decoder
 from streamvae.server import VideoRequest, create_app
+from streamvae.server._admission import Admission, Ticket
 from tests._media import foreign_threads, read_mp4
 from tests._server import EventLog, GatedDecoder, running_server
 
@@ -310,11 +311,12 @@ def test_serve_trims_the_allocator_after_each_video_response_and_nothing_else(
     import uvicorn
 
     from streamvae import server
+    from streamvae.server import _serve
 
-    assert (server._glibc_malloc_trim() is not None) == (platform.libc_ver()[0] == "glibc")
+    assert (_serve._glibc_malloc_trim() is not None) == (platform.libc_ver()[0] == "glibc")
     trims: list[str] = []
     apps: list[Any] = []
-    monkeypatch.setattr(server, "_glibc_malloc_trim", lambda: lambda: trims.append("trim"))
+    monkeypatch.setattr(_serve, "_glibc_malloc_trim", lambda: lambda: trims.append("trim"))
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: apps.append(app))
     server.serve(port=0, session_options=PINNED)
     with running_server(apps[0]) as url:
@@ -335,3 +337,81 @@ async def test_the_app_mounts_under_a_prefix_in_another_app(events: EventLog) ->
             body = await fetch(client, "/streamvae/video.mp4?frames=5&size=32")
     assert page.status_code == 200 and 'video.src = "video.mp4?' in page.text  # relative: works mounted
     assert read_mp4(body).frames.shape == (5, 32, 32, 3)
+
+
+# --------------------------------------------------------------------------- admission, without a server
+
+
+def admitted(admission: Admission) -> Ticket:
+    ticket = admission.try_enter()
+    assert ticket is not None
+    return ticket
+
+
+async def test_admission_queues_beyond_the_slots_and_turns_away_beyond_the_queue() -> None:
+    admission = Admission(max_concurrent=1, max_queued=1)
+    await admitted(admission).start()
+    admitted(admission)
+    assert admission.try_enter() is None  # the slot and the queue place are taken: a 503
+    assert (admission.stats.active, admission.stats.queued, admission.stats.rejected) == (1, 1, 1)
+
+
+async def test_queued_requests_take_a_given_back_slot_in_the_order_they_came() -> None:
+    admission = Admission(max_concurrent=1, max_queued=2)
+    first = admitted(admission)
+    await first.start()
+    waiting = {name: admitted(admission) for name in ("second", "third")}
+    started: list[str] = []
+    events = {name: anyio.Event() for name in waiting}
+
+    async def start(name: str) -> None:
+        await waiting[name].start()
+        started.append(name)
+        events[name].set()
+
+    async with anyio.create_task_group() as group:
+        for name in waiting:
+            group.start_soon(start, name)
+            await anyio.wait_all_tasks_blocked()  # it waits for the slot before the next one comes
+        assert admission.stats.queued == 2 and started == []
+        first.end("completed")
+        await events["second"].wait()
+        assert started == ["second"] and admission.stats.queued == 1 and admission.stats.active == 1
+        waiting["second"].end("failed")
+        await events["third"].wait()
+    waiting["third"].end("stalled")
+    stats = admission.stats
+    assert started == ["second", "third"]
+    assert (stats.active, stats.queued, stats.completed, stats.failed, stats.stalled) == (0, 0, 1, 1, 1)
+
+
+async def test_a_request_cancelled_while_queued_leaves_the_queue_without_a_slot() -> None:
+    admission = Admission(max_concurrent=1, max_queued=1)
+    first = admitted(admission)
+    await first.start()
+    second = admitted(admission)
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # the client went away while it waited
+        await second.start()
+    second.end("disconnected")
+    assert (admission.stats.active, admission.stats.queued, admission.stats.disconnected) == (1, 0, 1)
+    first.end("completed")
+    third = admitted(admission)
+    with anyio.fail_after(10):  # a hang guard: the slot is free, so this takes it at once
+        await third.start()
+    assert admission.stats.active == 1
+
+
+def test_a_request_ends_once() -> None:
+    ticket = admitted(Admission(max_concurrent=1, max_queued=0))
+    ticket.end("disconnected")
+    with pytest.raises(RuntimeError, match="already ended"):
+        ticket.end("completed")
+
+
+def test_a_session_option_no_session_would_take_fails_when_the_app_is_built() -> None:
+    # Checked once, before any request: not a 500 on every request.
+    with pytest.raises(ValueError, match="libx264 has no option 'presett'"):
+        create_app(session_options={"video_codec_options": {"presett": "fast"}})
+    with pytest.raises(ValueError, match="batch_frames must be an int >= 1"):
+        create_app(session_options={"batch_frames": 0})

@@ -1,13 +1,4 @@
-"""The streaming server: a Starlette app that sends each decode to the client as fragmented MP4 while it runs.
-
-``GET /`` is a page with a ``<video>`` element and a form (frames, size, seed); ``GET /video.mp4?frames=
-&size=&seed=`` decodes the embedded demo latent (or your own, see :func:`create_app`) and streams the MP4 as
-each fragment is written; ``GET /stats`` reports the decodes in flight. Mount :func:`create_app`'s app in
-your own ASGI server, or run ``streamvae serve`` (uvicorn).
-
-Admission: at most ``max_concurrent`` decodes run at once and at most ``max_queued`` requests wait for one,
-first come first served; a request beyond both is answered 503 with ``Retry-After`` at once, because a
-client is better off retrying later than holding a connection in a queue it cannot see.
+"""The app: ``GET /`` (the page), ``GET /video.mp4`` (a decode, streamed as it is written), ``GET /stats``.
 
 Every response ends its decode: a client that disconnects (while queued or streaming) cancels it, and so
 does a reader that accepts no bytes for ``stall_timeout`` seconds — otherwise one stalled client would
@@ -17,13 +8,13 @@ chunk and its session closes (no container, thread or slot outlives the request)
 
 from __future__ import annotations
 
-import ctypes
+import dataclasses
 import logging
 import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import partial
+from importlib.resources import files
 from typing import Any, Literal
 
 import anyio
@@ -32,14 +23,14 @@ from starlette.datastructures import QueryParams
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 from torch import Tensor
 
-from streamvae.decode import stream_mp4
+from streamvae._options import SessionOptions
+from streamvae.decode import as_chunked_decoder, stream_mp4
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
 from streamvae.encode import open_containers
-
-__all__ = ["ServerEvent", "ServerStats", "VideoRequest", "create_app"]
+from streamvae.server._admission import Admission, Outcome
 
 logger = logging.getLogger("streamvae.server")
 
@@ -51,26 +42,6 @@ class VideoRequest:
     frames: int
     size: int
     seed: int
-
-
-@dataclass
-class ServerStats:
-    """Counters of the video endpoint (``GET /stats`` returns them, with ``open_containers``)."""
-
-    #: decodes running now (each holds a slot)
-    active: int = 0
-    #: requests waiting for a slot
-    queued: int = 0
-    #: responses sent to the end
-    completed: int = 0
-    #: clients that went away before the end (queued or streaming)
-    disconnected: int = 0
-    #: readers cut off after ``stall_timeout`` seconds without accepting bytes
-    stalled: int = 0
-    #: decodes that failed (the response is cut short, or a 500 before the first byte)
-    failed: int = 0
-    #: requests answered 503 because the slots and the queue were full
-    rejected: int = 0
 
 
 EventKind = Literal["queued", "started", "completed", "disconnected", "stalled", "failed", "rejected"]
@@ -89,66 +60,6 @@ class ServerEvent:
     request: VideoRequest
     #: the request's number, counted from 1 per app
     number: int
-
-
-_INDEX = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<title>streamvae</title>
-<style>
-  body { font: 15px system-ui, sans-serif; margin: 1.5rem 2rem; color: #222; background: #fafafa; }
-  h1 { margin: 0 0 .5rem; }
-  video { width: 384px; height: 384px; background: #111; display: block; margin-bottom: 1rem; }
-  form { display: flex; gap: 1rem; align-items: end; }
-  label { display: flex; flex-direction: column; gap: .25rem; }
-  input { width: 6rem; }
-  #status { margin-top: 1rem; color: #555; font-variant-numeric: tabular-nums; }
-</style>
-</head>
-<body>
-<h1>streamvae</h1>
-<p>A video VAE decodes on the server; each fragment of the MP4 is sent as soon as it is encoded.</p>
-<video id="video" controls muted autoplay playsinline></video>
-<form id="form">
-  <label>frames <input name="frames" type="number" min="1" max="__MAX_FRAMES__" step="4" value="33"></label>
-  <label>size <input name="size" type="number" min="16" max="__MAX_SIZE__" step="16" value="128"></label>
-  <label>seed <input name="seed" type="number" min="0" value="0"></label>
-  <button type="submit">Decode</button>
-</form>
-<div id="status"></div>
-<script>
-  const form = document.getElementById("form");
-  const video = document.getElementById("video");
-  const status = document.getElementById("status");
-  // Values given in the page's own query string (/?frames=65&size=256) fill the form.
-  for (const [key, value] of new URLSearchParams(location.search)) {
-    if (form.elements[key]) form.elements[key].value = value;
-  }
-  let started = 0;
-  function play() {
-    const query = new URLSearchParams(new FormData(form)).toString();
-    started = performance.now();
-    status.textContent = "decoding…";
-    video.src = "video.mp4?" + query;
-    video.play().catch(() => {});
-  }
-  video.addEventListener("loadeddata", () => {
-    const ms = Math.round(performance.now() - started);
-    status.textContent = `first frame after ${ms} ms (${video.videoWidth}×${video.videoHeight})`;
-  });
-  video.addEventListener("ended", () => {
-    status.textContent += `, ${video.duration.toFixed(2)} s of video`;
-  });
-  video.addEventListener("error", () => {
-    status.textContent = "error: " + (video.error && video.error.message);
-  });
-  form.addEventListener("submit", (event) => { event.preventDefault(); play(); });
-  play();
-</script>
-</body>
-</html>
-"""
 
 
 def create_app(
@@ -179,7 +90,7 @@ def create_app(
     - ``max_concurrent``: decodes at once (also the worker threads decoding); ``max_queued``: requests
       that wait for a slot; more get 503 with ``Retry-After: retry_after``.
     - ``stall_timeout``: seconds a reader may take to accept a piece of the MP4 before it is cut off.
-    - ``session_options``: extra :class:`streamvae.ChunkedVideoMP4Session` options (codec options, ...).
+    - ``session_options``: extra :class:`streamvae.SessionOptions` (codec options, ...), checked here.
     - ``encode_limiter``: the encode budget every request's session shares (its ``encode_limiter``
       option); default one token per core (``os.cpu_count()``), with one x264 thread per encoder unless
       ``session_options`` pins ``threads``. Without a shared budget each of N concurrent requests would
@@ -203,8 +114,18 @@ def create_app(
         raise TypeError(f"encode_limiter must be an anyio.CapacityLimiter, got {encode_limiter!r}")
     if "encode_limiter" in (session_options or {}):
         raise ValueError("pass encode_limiter to create_app(), not in session_options")
+    vae = vae if vae is not None else demo_vae()
+    # Checked once, here: a bad option is an error of create_app, not a 500 on every request.
+    options = SessionOptions(
+        **{
+            "value_range": as_chunked_decoder(vae).chunk_value_range,
+            "fps": fps,
+            "output": "fragmented",
+            **(session_options or {}),
+        }
+    )
     endpoint = _VideoEndpoint(
-        vae=vae if vae is not None else demo_vae(),
+        vae=vae,
         latents=latents if latents is not None else _demo_latent,
         fps=fps,
         max_concurrent=max_concurrent,
@@ -212,17 +133,17 @@ def create_app(
         stall_timeout=stall_timeout,
         retry_after=retry_after,
         limits=(max_frames, max_size),
-        session_options=dict(session_options or {}),
+        options=options,
         encode_limiter=encode_limiter,
         on_event=on_event,
     )
-    page = _INDEX.replace("__MAX_FRAMES__", str(max_frames)).replace("__MAX_SIZE__", str(max_size))
+    page = _page().replace("__MAX_FRAMES__", str(max_frames)).replace("__MAX_SIZE__", str(max_size))
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
 
     async def stats(request: Request) -> Response:
-        return JSONResponse({**asdict(endpoint.stats), "open_containers": open_containers()})
+        return JSONResponse({**asdict(endpoint.admission.stats), "open_containers": open_containers()})
 
     app = Starlette(
         routes=[
@@ -231,8 +152,13 @@ def create_app(
             Route("/stats", stats),
         ]
     )
-    app.state.stats = endpoint.stats
+    app.state.stats = endpoint.admission.stats
     return app
+
+
+def _page() -> str:
+    """The page's HTML (package data), with ``__MAX_FRAMES__`` and ``__MAX_SIZE__`` to fill in."""
+    return files("streamvae.server").joinpath("page.html").read_text(encoding="utf-8")
 
 
 #: the largest seed ``torch.Generator.manual_seed`` takes
@@ -263,40 +189,30 @@ class _VideoEndpoint:
         stall_timeout: float,
         retry_after: int,
         limits: tuple[int, int],
-        session_options: dict[str, Any],
+        options: SessionOptions,
         encode_limiter: anyio.CapacityLimiter | None,
         on_event: Callable[[ServerEvent], None] | None,
     ) -> None:
         self.vae = vae
         self.latents = latents
         self.fps = fps
-        self.max_concurrent = max_concurrent
-        self.max_queued = max_queued
+        self.admission = Admission(max_concurrent=max_concurrent, max_queued=max_queued)
         self.stall_timeout = stall_timeout
         self.retry_after = retry_after
         self.limits = limits
-        self.session_options = session_options
+        self.options = options
         self.on_event = on_event
-        self.stats = ServerStats()
         self.requests = 0
         # Made by the first request, on the loop that serves the app (the app may be built in another).
-        self._slots: anyio.Semaphore | None = None
         self._decode_limiter: anyio.CapacityLimiter | None = None
         self._encode_limiter = encode_limiter
-
-    @property
-    def slots(self) -> anyio.Semaphore:
-        """One token per decode at once; FIFO, so queued requests start in the order they came."""
-        if self._slots is None:
-            self._slots = anyio.Semaphore(self.max_concurrent)
-        return self._slots
 
     @property
     def decode_limiter(self) -> anyio.CapacityLimiter:
         """Every decode thread (and latent build) of the app: never anyio's default limiter, which the
         ASGI server's own thread pool shares."""
         if self._decode_limiter is None:
-            self._decode_limiter = anyio.CapacityLimiter(self.max_concurrent)
+            self._decode_limiter = anyio.CapacityLimiter(self.admission.max_concurrent)
         return self._decode_limiter
 
     @property
@@ -315,8 +231,8 @@ class _VideoEndpoint:
             return
         self.requests += 1
         number = self.requests
-        if self.stats.active + self.stats.queued >= self.max_concurrent + self.max_queued:
-            self.stats.rejected += 1
+        ticket = self.admission.try_enter()
+        if ticket is None:
             self._emit("rejected", request, number)
             busy = PlainTextResponse(
                 "busy: every decode slot and queue place is taken, retry later\n",
@@ -325,26 +241,17 @@ class _VideoEndpoint:
             )
             await busy(scope, receive, send)
             return
-        self.stats.queued += 1  # no await since the check above: the count cannot be overtaken
         self._emit("queued", request, number)
-        outcome: EventKind = "disconnected"
-        started = False
+        outcome: Outcome = "disconnected"
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._cancel_on_disconnect, receive, group.cancel_scope)
-                async with self.slots:
-                    self.stats.queued -= 1
-                    self.stats.active += 1
-                    started = True
-                    self._emit("started", request, number)
-                    outcome = await self._stream(request, scope, send)
+                await ticket.start()
+                self._emit("started", request, number)
+                outcome = await self._stream(request, scope, send)
                 group.cancel_scope.cancel()  # the response is over: stop watching for a disconnect
         finally:
-            if started:
-                self.stats.active -= 1
-            else:
-                self.stats.queued -= 1
-            setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+            ticket.end(outcome)
             self._emit(outcome, request, number)
 
     def _parse(self, query: QueryParams) -> VideoRequest:
@@ -380,13 +287,15 @@ class _VideoEndpoint:
                 scope.cancel()
                 return
 
-    async def _stream(self, request: VideoRequest, scope: Scope, send: Send) -> EventKind:
+    async def _stream(self, request: VideoRequest, scope: Scope, send: Send) -> Outcome:
         """Decode ``request`` and send its MP4 as it is written; return how the response ended."""
         started = False
         try:
             z = await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)
-            options = {"fps": self.fps, **self.session_options, "encode_limiter": self.encode_limiter}
-            async with stream_mp4(self.vae, z, decode_limiter=self.decode_limiter, **options) as (video,):
+            options = dataclasses.replace(self.options, encode_limiter=self.encode_limiter)
+            async with stream_mp4(self.vae, z, decode_limiter=self.decode_limiter, options=options) as (
+                video,
+            ):
                 del z
                 async for data in video:
                     if not started:
@@ -428,61 +337,3 @@ def _response_start() -> Message:
 
 async def _no_receive() -> Message:
     return {"type": "http.disconnect"}
-
-
-def serve(*, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info", **app_options: Any) -> None:
-    """Run :func:`create_app`'s app under uvicorn until interrupted (``streamvae serve``).
-
-    ``serve`` owns its process, so it also tunes the C allocator for a server that runs for days (glibc
-    only; on other C libraries it changes nothing): after each ``/video.mp4`` response ends it calls
-    ``malloc_trim(0)`` in a worker thread. Without it glibc keeps the pages a decode freed in the arenas of
-    the worker threads that freed them, and RSS creeps up for hundreds of requests; with it the process
-    hands them back to the system (measured: docs/benchmarks.md, "Soak"). It is not a leak fix, and
-    :func:`create_app` does none of it: the allocator is the process's, so only its entry point may tune
-    it — do the same in yours if you mount the app elsewhere.
-    """
-    import uvicorn
-
-    app: ASGIApp = create_app(**app_options)
-    trim = _glibc_malloc_trim()
-    if trim is not None:
-        app = _TrimAfterVideo(app, trim)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
-
-
-def _glibc_malloc_trim() -> Callable[[], object] | None:
-    """glibc's ``malloc_trim(0)``, or None where the C library is another (musl, macOS, Windows)."""
-    try:
-        libc = ctypes.CDLL(None)  # the process's own symbols
-        if not hasattr(libc, "gnu_get_libc_version"):  # only glibc has it
-            return None
-        trim = libc.malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return partial(trim, 0)
-
-
-class _TrimAfterVideo:
-    """ASGI middleware of :func:`serve`: trims the allocator after each ``/video.mp4`` response."""
-
-    def __init__(self, app: ASGIApp, trim: Callable[[], object]) -> None:
-        self.app = app
-        self.trim = trim
-        self._limiter: anyio.CapacityLimiter | None = None  # made on the serving loop
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            if scope["type"] == "http" and scope["path"].endswith("/video.mp4"):
-                with anyio.CancelScope(shield=True):
-                    await self._trim()
-
-    async def _trim(self) -> None:
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-        if self._limiter.borrowed_tokens:
-            return  # a trim is running: it covers every arena, this request's too
-        await anyio.to_thread.run_sync(self.trim, limiter=self._limiter)

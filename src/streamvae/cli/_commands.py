@@ -1,0 +1,121 @@
+"""The commands: ``demo`` and ``decode`` build a :class:`DecodeJob` from the parsed arguments and run it;
+``serve`` runs the server.
+
+A job's session options are built into one checked :class:`streamvae.SessionOptions` as soon as the VAE is
+known (its value range is the decoder's), so a bad option fails before anything is decoded.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from streamvae import SessionOptions
+from streamvae.cli._inputs import CliError, expected_frames, load_latents, load_vae, output_paths, read_wav
+from streamvae.cli._runner import DecodeJob
+from streamvae.decode import as_chunked_decoder
+
+
+def session_options(args: argparse.Namespace, vae: Any, **extra: Any) -> SessionOptions:
+    """The options the parsed arguments give for a decode with ``vae`` (``extra``: audio)."""
+    codec: dict[str, str] = {}
+    if args.crf is not None:
+        codec["crf"] = str(args.crf)
+    if args.preset is not None:
+        codec["preset"] = args.preset
+    return SessionOptions(
+        value_range=as_chunked_decoder(vae).chunk_value_range,
+        fps=args.fps,
+        output=args.container,
+        video_codec_options=codec,
+        **extra,
+    )
+
+
+def demo_job(args: argparse.Namespace) -> DecodeJob:
+    """``streamvae demo``: the embedded demo VAE and its seeded latent."""
+    from streamvae.demo import check_demo_request, demo_latent, demo_vae
+
+    try:
+        check_demo_request(args.frames, args.size)
+    except ValueError as error:
+        raise CliError(str(error)) from error
+    vae = demo_vae()
+    options = session_options(args, vae)
+    latents = demo_latent(args.frames, args.size, args.seed)
+    return DecodeJob(vae, latents, [args.output], args.frames, options)
+
+
+def decode_job(args: argparse.Namespace) -> DecodeJob:
+    """``streamvae decode``: saved latents, a saved VAE, optionally a WAV and a sharded decode."""
+    latents = load_latents(args.latents, args.key)
+    device = args.device
+    if args.shard is not None:
+        from streamvae.distributed import init_distributed
+
+        device = str(init_distributed())  # torchrun's group: NCCL on CUDA, gloo otherwise
+    vae = load_vae(args.vae, subfolder=args.subfolder, dtype=args.dtype, device=device)
+    channels = getattr(as_chunked_decoder(vae), "latent_channels", None)
+    if channels is not None and latents.shape[1] != channels:
+        raise CliError(
+            f"the latent in {args.latents} has {latents.shape[1]} channels (shape {tuple(latents.shape)}), "
+            f"but the VAE in {args.vae} takes {channels}"
+        )
+    audio: dict[str, Any] = {}
+    if args.audio is not None:
+        waveform, rate = read_wav(args.audio)
+        audio = {"audio_waveforms": [waveform] * latents.shape[0], "audio_sample_rate": rate}
+    if args.denormalize:
+        from streamvae.models.wan import denormalize_wan_latents
+
+        latents = denormalize_wan_latents(vae, latents)
+    if args.tile:
+        vae.enable_tiling()
+    decoder = vae
+    if args.shard is not None:
+        from streamvae.distributed import ShardedWanDecoder
+
+        try:
+            decoder = ShardedWanDecoder(vae, shard=args.shard)
+        except (TypeError, ValueError) as error:
+            raise CliError(f"--shard {args.shard}: {error}") from error
+    options = session_options(args, decoder, **audio)
+    outputs = output_paths(args.output, latents.shape[0])
+    return DecodeJob(decoder, latents, outputs, expected_frames(vae, latents.shape[2]), options)
+
+
+def run_job(args: argparse.Namespace, build: Callable[[argparse.Namespace], DecodeJob]) -> int:
+    """Build the job, decode it and print its summary line."""
+    import streamvae.cli as cli  # the runner by its public name: the one a caller (a test) may replace
+
+    job = build(args)
+    if not getattr(job.vae, "is_output_rank", True):
+        # A rank of a sharded decode that does not own the output: it decodes its strip, writes nothing.
+        from streamvae import decode_to_mp4
+
+        anyio.run(lambda: decode_to_mp4(job.vae, job.latents, options=job.options), backend=args.backend)
+        return 0
+    summary = anyio.run(lambda: cli.run_decode(job, progress=not args.quiet), backend=args.backend)
+    print(summary.line())
+    return 0
+
+
+def serve(args: argparse.Namespace) -> int:
+    """``streamvae serve``: the streaming server, until interrupted."""
+    try:
+        from streamvae.server import serve
+    except ImportError as error:
+        raise CliError(
+            f"serve needs starlette and uvicorn: pip install 'streamvae[serve]' ({error})"
+        ) from error
+    serve(
+        host=args.host,
+        port=args.port,
+        max_concurrent=args.max_concurrent,
+        max_queued=args.max_queued,
+        stall_timeout=args.stall_timeout,
+    )
+    return 0

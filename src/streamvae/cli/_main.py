@@ -1,0 +1,47 @@
+"""``main``: parse, run the command, and report a problem with the input as one line."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import av
+
+from streamvae.cli._inputs import CliError
+from streamvae.cli._parser import build_parser
+from streamvae.cli._runner import error_leaves
+
+# What a user's input can make the decode raise (a codec option, an output path); anything else is a bug
+# and keeps its traceback.
+_USER_ERRORS = (CliError, ValueError, TypeError, OSError, av.error.FFmpegError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (1 for a problem with the input, reported in one
+    ``streamvae: error: …`` line on stderr)."""
+    try:
+        args = build_parser().parse_args(argv)
+        status: int = args.run(args)
+    except Exception as error:
+        reported = _user_error(error)
+        if reported is None:
+            raise
+        print(f"streamvae: error: {_describe(reported)}", file=sys.stderr)
+        return 1
+    return status
+
+
+def _user_error(error: BaseException) -> BaseException | None:
+    """The error to report for ``error`` if the user's input caused it (a group: its first), else None."""
+    leaves = error_leaves(error) if isinstance(error, BaseExceptionGroup) else [error]
+    return leaves[0] if all(isinstance(leaf, _USER_ERRORS) for leaf in leaves) else None
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, av.error.FFmpegError):  # a codec option FFmpeg rejects
+        text = f"the encoder failed: {error}"
+    elif isinstance(error, OSError) and error.filename is not None and error.strerror:
+        text = f"{error.filename}: {error.strerror}"  # an output path that cannot be written
+    else:
+        text = str(error) or type(error).__name__
+    return " ".join(text.split())  # one line, whatever the message held

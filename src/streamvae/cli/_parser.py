@@ -1,0 +1,130 @@
+"""The command line of ``streamvae``: its commands, options and their checks.
+
+Option values the session would refuse (an fps out of range, a crf beyond 51) are refused here, by
+argparse, so they are reported as ``argument --fps: …`` before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from streamvae.cli._commands import decode_job, demo_job, run_job, serve
+from streamvae.cli._inputs import CliError
+from streamvae.encode import as_fps
+
+_X264_PRESETS = (
+    "ultrafast",
+    "superfast",
+    "veryfast",
+    "faster",
+    "fast",
+    "medium",
+    "slow",
+    "slower",
+    "veryslow",
+    "placebo",
+)
+
+
+def _fps(text: str) -> float:
+    try:
+        fps = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    try:
+        as_fps(fps)  # the session's own rule, checked before anything is decoded
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return fps
+
+
+def _crf(text: str) -> int:
+    try:
+        crf = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= crf <= 51:
+        raise argparse.ArgumentTypeError(f"must be from 0 (lossless) to 51, got {crf}")
+    return crf
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error reported like any other input error: one line, exit status 1."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see {self.prog} --help)")
+
+
+def _add_encode_options(parser: argparse.ArgumentParser, *, fps: float) -> None:
+    parser.add_argument("--fps", type=_fps, default=fps, help=f"frames per second (default {fps:g})")
+    parser.add_argument(
+        "--crf", type=_crf, help="x264 constant rate factor, 0–51 (default 18; lower is better)"
+    )
+    parser.add_argument(
+        "--preset",
+        choices=_X264_PRESETS,
+        metavar="PRESET",
+        help="x264 preset: ultrafast … veryslow (default veryfast)",
+    )
+    parser.add_argument(
+        "--container",
+        choices=["fragmented", "mp4"],
+        default="fragmented",
+        help="fragmented MP4, written as it is encoded (default), or a plain MP4 written at the end",
+    )
+    parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio", help="event loop")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``streamvae``; each command's ``run(args)`` returns the exit status."""
+    from streamvae.demo import DEMO_FPS
+
+    parser = _Parser(prog="streamvae", description="Stream a video VAE's decode into MP4.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser("demo", help="decode the embedded seeded demo VAE (no download)")
+    demo.add_argument("-o", "--output", type=Path, default=Path("demo.mp4"), help="default demo.mp4")
+    demo.add_argument("--frames", type=int, default=65, help="1 + 4k frames (default 65)")
+    demo.add_argument("--size", type=int, default=256, help="width = height, a multiple of 16 (default 256)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the latent (default 0)")
+    _add_encode_options(demo, fps=DEMO_FPS)
+    demo.set_defaults(run=lambda args: run_job(args, demo_job))
+
+    decode = commands.add_parser("decode", help="decode saved latents with a local diffusers VAE")
+    decode.add_argument("latents", type=Path, help="a .pt or .safetensors file with the latent")
+    decode.add_argument("-o", "--output", type=Path, required=True, help="OUT.mp4 (OUT-0.mp4, … for a batch)")
+    decode.add_argument("--vae", type=Path, required=True, help="a diffusers VAE directory (save_pretrained)")
+    decode.add_argument("--subfolder", help="the VAE's folder inside --vae (a pipeline's: vae)")
+    decode.add_argument("--key", help="the tensor's name, when the file holds several")
+    decode.add_argument("--audio", type=Path, help="a 16-bit PCM WAV to mux as AAC into every output")
+    decode.add_argument("--tile", action="store_true", help="decode in spatial tiles (vae.enable_tiling())")
+    decode.add_argument(
+        "--denormalize",
+        action="store_true",
+        help="the latents are a Wan pipeline's output_type='latent' (normalized): de-normalize first",
+    )
+    decode.add_argument(
+        "--shard",
+        choices=["height", "width"],
+        help="split each frame across the ranks of a torchrun launch (Wan family; rank 0 writes the MP4)",
+    )
+    decode.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    decode.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    _add_encode_options(decode, fps=16)
+    decode.set_defaults(run=lambda args: run_job(args, decode_job))
+
+    command = commands.add_parser("serve", help="serve the demo: a page with a video streamed as it decodes")
+    command.add_argument("--host", default="127.0.0.1")
+    command.add_argument("--port", type=int, default=8000)
+    command.add_argument("--max-concurrent", type=int, default=8, help="decodes at once (default 8)")
+    command.add_argument("--max-queued", type=int, default=16, help="requests waiting; more get 503")
+    command.add_argument(
+        "--stall-timeout", type=float, default=30.0, help="cut off a reader idle this many seconds"
+    )
+    command.set_defaults(run=serve)
+    return parser
