@@ -36,8 +36,7 @@ from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 from torch import Tensor
 
 from streamvae import decode_to_mp4, quantize_chunk
-from streamvae import distributed as distributed_module
-from streamvae.distributed import PeerDecodeError, ShardedDecodeStats, ShardedWanDecoder
+from streamvae.distributed import PeerDecodeError, ShardedDecodeStats, ShardedWanDecoder, _collectives
 from streamvae.models.wan import WanChunkedDecoder
 
 FAMILIES: dict[str, Callable[[], Any]] = {
@@ -240,7 +239,7 @@ def _run_scenario(scenario: Scenario, rank: int) -> RankResult:
         if ranks is not None and rank not in ranks:
             return RankResult(rank=rank, member=False)
     # A group whose host tensors do not go through gloo (NCCL) gets a gloo agreement group of its own.
-    as_if_nccl = mock.patch.object(distributed_module, "_runs_on_host", lambda group: False)
+    as_if_nccl = mock.patch.object(_collectives, "_runs_on_host", lambda group: False)
     with as_if_nccl if scenario.own_agreement_group else contextlib.nullcontext():
         decoder = ShardedWanDecoder(
             vae,
@@ -283,7 +282,7 @@ def _check_one_buffer_gather(rank: int) -> RankResult:
     }
     same: dict[str, Any] = {}
     for name, tensor in tensors.items():
-        comm = distributed_module._Collectives(None, torch.device("cpu"), ShardedDecodeStats())
+        comm = _collectives.Collectives(None, torch.device("cpu"), ShardedDecodeStats())
         ours = comm.all_gather(tensor)
         theirs = [torch.empty_like(tensor.contiguous()) for _ in range(world)]
         dist.all_gather(theirs, tensor.contiguous())
@@ -452,6 +451,22 @@ def test_every_rank_runs_the_same_collectives(request: pytest.FixtureRequest, na
     assert collectives > steps * 2 and halos > 0
 
 
+def peers_stopped_together(scenario: Scenario, ranks: list[RankResult], chunk: int) -> list[RankResult]:
+    """Check every rank stopped after ``chunk`` at once and each non-output one raised PeerDecodeError.
+
+    Returns the non-output ranks, for the caller to check what their error says.
+    """
+    for rank in ranks:
+        assert rank.stats["stopped_at"] == chunk
+        assert rank.stats["steps"] == chunk + 1
+        assert rank.seconds < GLOO_TIMEOUT.total_seconds() / 2  # nobody waited out a collective
+    peers = others_of(scenario, ranks)
+    for rank in peers:
+        assert rank.error is not None and rank.error[0] == "PeerDecodeError"
+        assert rank.peer_chunk == chunk
+    return peers
+
+
 @pytest.mark.parametrize("name", [s.name for _, s in SCENARIOS.values() if s.fail_at is not None])
 def test_an_owner_whose_consumer_fails_stops_every_rank_at_that_chunk(
     request: pytest.FixtureRequest, name: str
@@ -461,14 +476,8 @@ def test_an_owner_whose_consumer_fails_stops_every_rank_at_that_chunk(
     assert owner.error == ("EncoderFailed", f"the encoder failed at chunk {scenario.fail_at}")
     assert owner.published == scenario.fail_at + 1  # the failing call included; none after it
     assert scenario.fail_at + 1 < scenario.frames  # so stopping early is visible
-    for rank in ranks:
-        assert rank.stats["stopped_at"] == scenario.fail_at
-        assert rank.stats["steps"] == scenario.fail_at + 1
-        assert rank.seconds < GLOO_TIMEOUT.total_seconds() / 2  # nobody waited out a collective
-    for rank in others_of(scenario, ranks):
-        assert rank.error is not None and rank.error[0] == "PeerDecodeError"
-        assert "EncoderFailed: the encoder failed" in rank.error[1]
-        assert rank.peer_chunk == scenario.fail_at
+    for rank in peers_stopped_together(scenario, ranks, scenario.fail_at):
+        assert rank.error is not None and "EncoderFailed: the encoder failed" in rank.error[1]
 
 
 def test_an_encoder_error_reaches_the_owner_caller_and_every_peer_stops(
@@ -492,13 +501,8 @@ def test_a_cancelled_owner_caller_stops_every_rank_at_that_chunk(
     scenario, ranks = results_of(request, name)
     owner = owner_of(scenario, ranks)
     assert owner.cancelled and owner.error is None  # the caller sees its own cancellation, nothing else
-    for rank in ranks:
-        assert rank.stats["stopped_at"] == scenario.cancel_at
-        assert rank.stats["steps"] == scenario.cancel_at + 1
-        assert rank.seconds < GLOO_TIMEOUT.total_seconds() / 2  # nobody waited out a collective
-    for rank in others_of(scenario, ranks):
-        assert rank.error is not None and rank.error[0] == "PeerDecodeError"
-        assert "cancelled" in rank.error[1]
+    for rank in peers_stopped_together(scenario, ranks, scenario.cancel_at):
+        assert rank.error is not None and "cancelled" in rank.error[1]
 
 
 def test_a_non_finite_latent_is_refused_on_every_rank_before_any_collective(

@@ -1,4 +1,8 @@
-"""streamvae.distributed's parts in this process: the GPU a rank takes, the collective timeout, the agreement.
+"""streamvae.distributed's parts in one process: the strip layout, the halo hooks, the GPU a rank takes,
+the collective timeout, the agreement.
+
+The layout and the hooks need no process group: the ranks of a decode group are threads here, meeting in
+an all_gather at a barrier, and each checks that its strip's result is the whole frame's strip.
 
 The agreement (latent shape before the first step, verdict after each) must never wait for a GPU stream: under
 NCCL it runs over a gloo group of its own with host tensors. Here the decode group is gloo, and a group that
@@ -11,19 +15,29 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
-from collections.abc import Callable, Iterator
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import torch
 import torch.distributed as dist
 from _vaes import latent, tiny_wan21, tiny_wan22
-from torch import Tensor
+from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanCausalConv3d
+from torch import Tensor, nn
 
-from streamvae import distributed
-from streamvae.distributed import ShardedWanDecoder, init_distributed
+from streamvae.distributed import (
+    ShardedDecodeStats,
+    ShardedWanDecoder,
+    _collectives,
+    _launch,
+    init_distributed,
+)
+from streamvae.distributed._halo import ShardContext, active, check_shardable, halo_rows, install_hooks
+from streamvae.distributed._layout import StripLayout
 from streamvae.models.wan import WanChunkedDecoder
 
 INIT_TIMEOUT = timedelta(seconds=42)  # what init_distributed is told; torch's gloo default is 30 min
@@ -36,7 +50,7 @@ def group_of_one() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         for name in TORCHRUN_VARIABLES:
             patch.delenv(name, raising=False)
-        patch.setattr(distributed, "_init_timeout", None)
+        patch.setattr(_launch, "_init_timeout", None)
         init_distributed(backend="gloo", timeout=INIT_TIMEOUT)
         try:
             yield
@@ -46,7 +60,276 @@ def group_of_one() -> Iterator[None]:
 
 def as_if_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every group answer as an NCCL group does: its host tensors do not go through gloo."""
-    monkeypatch.setattr(distributed, "_runs_on_host", lambda group: False)
+    monkeypatch.setattr(_collectives, "_runs_on_host", lambda group: False)
+
+
+# --------------------------------------------------------------------------------------- the strip layout
+
+
+def strip_of(frame: Tensor, layout: StripLayout, scale: int = 1) -> Tensor:
+    """This rank's strip of a whole ``frame`` that has ``scale`` rows per latent row."""
+    start, stop = layout.bounds[layout.strip]
+    return frame.narrow(layout.axis, start * scale, (stop - start) * scale)
+
+
+@pytest.mark.parametrize(("rows", "world"), [(8, 1), (8, 2), (8, 3), (7, 3), (10, 4), (2, 3), (1, 4)])
+def test_a_plan_splits_the_rows_into_strips_that_differ_by_at_most_one(rows: int, world: int) -> None:
+    plans = [StripLayout.plan(rows, world, rank, axis=-2) for rank in range(world)]
+    bounds = plans[0].bounds
+    assert all(plan.bounds == bounds for plan in plans)  # every rank computes the same plan
+    assert len(bounds) == min(rows, world)
+    assert [start for start, _ in bounds] == [0] + [stop for _, stop in bounds[:-1]]
+    assert bounds[-1][1] == rows
+    sizes = [stop - start for start, stop in bounds]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+    assert [plan.rows for plan in plans] == [sizes[rank % len(sizes)] for rank in range(world)]
+    assert {plan.max_rows for plan in plans} == {max(sizes)}
+
+
+def test_with_fewer_rows_than_ranks_the_extra_ranks_decode_a_copy_of_a_strip() -> None:
+    plans = [StripLayout.plan(2, 3, rank, axis=-1) for rank in range(3)]
+    assert plans[0].bounds == ((0, 1), (1, 2))
+    assert [plan.strip for plan in plans] == [0, 1, 0]
+
+
+@pytest.mark.parametrize("axis", [-2, -1])
+@pytest.mark.parametrize("scale", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_strips_padded_to_the_tallest_join_into_the_frame(axis: int, scale: int, world: int) -> None:
+    latent_rows = 7
+    shape = [1, 2, 3, 5, 5]
+    shape[axis] = latent_rows * scale  # a decoder layer after upsampling by ``scale``
+    frame = torch.randn(shape)
+    plans = [StripLayout.plan(latent_rows, world, rank, axis) for rank in range(world)]
+    padded = []
+    for plan in plans:
+        strip = strip_of(frame, plan, scale)
+        assert plan.scale_of(strip) == scale
+        sent = plan.pad(strip, scale)
+        assert sent.shape[axis] == plan.max_rows * scale  # every rank sends one shape
+        assert torch.equal(sent.narrow(axis, 0, strip.shape[axis]), strip)
+        assert not sent.narrow(axis, strip.shape[axis], sent.shape[axis] - strip.shape[axis]).any()
+        padded.append(sent)
+    for plan in plans:
+        assert torch.equal(plan.join(padded, scale), frame)
+
+
+def test_a_layer_that_is_not_a_whole_multiple_of_the_strip_is_refused() -> None:
+    layout = StripLayout.plan(7, 2, 0, axis=-2)  # a 4-row strip
+    with pytest.raises(RuntimeError, match="not a whole upsampling factor"):
+        layout.scale_of(torch.zeros(1, 1, 6, 3))
+
+
+def test_neighbours_are_the_strips_before_and_after_and_none_at_the_frame_edges() -> None:
+    assert [StripLayout.plan(8, 3, rank, -2).neighbours() for rank in range(3)] == [
+        (None, 1),
+        (0, 2),
+        (1, None),
+    ]
+    assert StripLayout.plan(8, 1, 0, -2).neighbours() == (None, None)
+
+
+# ------------------------------------------------------------------------------------------ the halo hooks
+
+T = TypeVar("T")
+
+
+class ThreadGroup:
+    """A decode group in this process: each rank is a thread, and all_gather meets at a barrier."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._barrier = threading.Barrier(size, timeout=60)  # a rank that fails breaks it: no hang
+        self._sent: list[Tensor | None] = [None] * size
+
+    def all_gather(self, rank: int, tensor: Tensor) -> list[Tensor]:
+        self._sent[rank] = tensor.clone()
+        self._barrier.wait()
+        pieces = [piece for piece in self._sent if piece is not None]
+        self._barrier.wait()  # nobody sends the next tensor before every rank has read this one
+        return pieces
+
+    def run(self, body: Callable[[int, ThreadComm], T]) -> list[T]:
+        """``body(rank, comm)`` on every rank at once; what each returned, in rank order."""
+        results: list[Any] = [None] * self.size
+        errors: list[BaseException] = []
+
+        def rank_main(rank: int) -> None:
+            try:
+                results[rank] = body(rank, ThreadComm(self, rank))
+            except BaseException as error:
+                errors.append(error)
+                self._barrier.abort()
+
+        threads = [
+            threading.Thread(target=rank_main, args=(rank,), name=f"rank{rank}") for rank in range(self.size)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+class ThreadComm:
+    """One rank's collectives in a :class:`ThreadGroup`, counted as the decode group's are."""
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.stats = ShardedDecodeStats()
+
+    def all_gather(self, tensor: Tensor) -> list[Tensor]:
+        self.stats.collectives += 1
+        return self.group.all_gather(self.rank, tensor)
+
+
+def seen_rows(layer: nn.Module, axis: int) -> dict[str, list[int]]:
+    """The rows along ``axis`` of each input ``layer`` runs on after the sharding hooks, by thread name."""
+    seen: dict[str, list[int]] = defaultdict(list)
+
+    def record(module: nn.Module, args: Sequence[Tensor]) -> None:
+        seen[threading.current_thread().name].append(args[0].shape[axis])
+
+    layer.register_forward_pre_hook(record)  # after install_hooks: it sees what they made of the input
+    return seen
+
+
+@pytest.mark.parametrize("axis", [-2, -1])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_a_conv_gets_its_neighbours_rows_before_and_is_cropped_to_its_strip_after(
+    axis: int, world: int
+) -> None:
+    conv = nn.Conv2d(2, 3, 3, padding=1).double()
+    install_hooks(conv)
+    install_hooks(conv)  # once per module: a second adapter of the same VAE adds no second halo
+    seen = seen_rows(conv, axis)
+    frame = torch.randn(1, 2, 7, 7, dtype=torch.float64)
+
+    def rank_main(rank: int, comm: ThreadComm) -> tuple[Tensor, StripLayout, ThreadComm]:
+        layout = StripLayout.plan(frame.shape[axis], world, rank, axis)
+        context = ShardContext(conv, layout, comm)
+        with active(context), torch.no_grad():
+            out = conv(strip_of(frame, layout))
+        assert context.crops == {}  # every row added was cropped again
+        return out, layout, comm
+
+    ranks = ThreadGroup(world).run(rank_main)
+    with torch.no_grad():
+        expected = conv(frame)
+    for rank, (out, layout, comm) in enumerate(ranks):
+        before, after = layout.neighbours()
+        added = (before is not None) + (after is not None)  # nothing at the frame's edges
+        assert seen[f"rank{rank}"] == [layout.rows + added]
+        assert out.shape[axis] == layout.rows
+        torch.testing.assert_close(out, strip_of(expected, layout))
+        assert comm.stats.halo_exchanges == comm.stats.collectives == 1  # edges too: the same collectives
+
+
+def test_a_causal_conv_gets_the_same_halo_rows_for_its_cache_and_its_input() -> None:
+    conv = WanCausalConv3d(2, 3, 3, padding=1).double()
+    install_hooks(conv)
+    frames = torch.randn(1, 2, 2, 6, 5, dtype=torch.float64)
+    cache = torch.randn(1, 2, 2, 6, 5, dtype=torch.float64)  # the previous step's last frames
+
+    def rank_main(rank: int, comm: ThreadComm) -> tuple[Tensor, StripLayout]:
+        layout = StripLayout.plan(6, 3, rank, -2)
+        with active(ShardContext(conv, layout, comm)), torch.no_grad():
+            return conv(strip_of(frames, layout), cache_x=strip_of(cache, layout)), layout
+
+    with torch.no_grad():
+        expected = conv(frames, cache_x=cache)
+    for out, layout in ThreadGroup(3).run(rank_main):
+        torch.testing.assert_close(out, strip_of(expected, layout))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_attention_runs_on_the_whole_frame_and_keeps_this_ranks_rows(world: int) -> None:
+    block = WanAttentionBlock(4).double()
+    install_hooks(block)
+    seen = seen_rows(block, -2)
+    frame = torch.randn(1, 4, 2, 7, 3, dtype=torch.float64)
+
+    def rank_main(rank: int, comm: ThreadComm) -> tuple[Tensor, StripLayout, ThreadComm]:
+        layout = StripLayout.plan(7, world, rank, -2)
+        with active(ShardContext(block, layout, comm)), torch.no_grad():
+            return block(strip_of(frame, layout)), layout, comm
+
+    ranks = ThreadGroup(world).run(rank_main)
+    with torch.no_grad():
+        expected = block(frame)
+    for rank, (out, layout, comm) in enumerate(ranks):
+        assert seen[f"rank{rank}"] == [7]  # the whole frame, from strips of 3, 2 and 2 rows padded to 3
+        torch.testing.assert_close(out, strip_of(expected, layout))
+        assert comm.stats.attention_gathers == comm.stats.collectives == 1
+
+
+def test_an_elementwise_layer_computes_a_strip_as_the_whole_frame_does() -> None:
+    # CPU kernels compute a tensor's tail (numel % vector step) with scalar code that rounds differently.
+    silu = nn.SiLU()
+    install_hooks(silu)
+    seen = seen_rows(silu, 0)
+    # 128 values, computed by the vector code throughout; on AVX2 its strip's tail rounds apart unhooked.
+    frame = torch.randn(1, 2, 8, 8, generator=torch.Generator().manual_seed(0))
+    layout = StripLayout.plan(8, 3, 0, -2)
+    strip = strip_of(frame, layout).contiguous()  # 48 values: a scalar tail of its own
+
+    def rank_main(rank: int, comm: ThreadComm) -> Tensor:
+        with active(ShardContext(silu, layout, comm)):
+            out: Tensor = silu(strip)
+            return out
+
+    (out,) = ThreadGroup(1).run(rank_main)
+    assert seen["rank0"][0] % 64 == 0
+    assert out.shape == strip.shape
+    assert torch.equal(out, strip_of(silu(frame), layout))
+
+
+def test_the_hooks_do_nothing_outside_a_sharded_decode_of_their_decoder() -> None:
+    conv, other = nn.Conv2d(1, 1, 3, padding=1), nn.Conv2d(1, 1, 3, padding=1)
+    install_hooks(conv)
+    x = torch.randn(1, 1, 4, 4)
+    with torch.no_grad():
+        plain = conv(x)
+
+        def rank_main(rank: int, comm: ThreadComm) -> Tensor:
+            # This thread decodes ``other`` sharded: ``conv``'s hooks are not its.
+            with active(ShardContext(other, StripLayout.plan(4, 1, rank, -2), comm)):
+                out: Tensor = conv(x)
+                return out
+
+        assert torch.equal(ThreadGroup(1).run(rank_main)[0], plain)
+        assert torch.equal(conv(x), plain)
+
+
+@pytest.mark.parametrize(
+    ("layer", "rows"),
+    [
+        (nn.Conv2d(1, 1, 3, padding=1), 1),
+        (nn.Conv2d(1, 1, 1), 0),
+        (nn.Conv2d(1, 1, (1, 3), padding=(0, 1)), 0),  # mixes columns only: no rows to pass along height
+        (WanCausalConv3d(1, 1, 3, padding=1), 1),  # pads in forward, from its own ``_padding``
+    ],
+)
+def test_a_conv_needs_as_many_halo_rows_as_it_reads_beyond_its_output(layer: nn.Module, rows: int) -> None:
+    assert halo_rows(layer, -2) == rows
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        nn.Conv2d(1, 1, 3, stride=2, padding=1),
+        nn.Conv2d(1, 1, 3, dilation=2, padding=2),
+        nn.Conv2d(1, 1, 5, padding=2),
+        nn.Upsample(scale_factor=2, mode="bilinear"),
+        nn.Upsample(scale_factor=1.5, mode="nearest"),
+    ],
+)
+def test_a_layer_whose_rows_do_not_map_one_to_one_is_refused(layer: nn.Module) -> None:
+    with pytest.raises(ValueError, match="cannot shard"):
+        check_shardable(nn.Sequential(layer), -2)
 
 
 # ------------------------------------------------------------------------------------------- the GPU
@@ -59,13 +342,13 @@ def as_if_nccl(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_each_rank_takes_a_gpu_of_its_own(local_rank: int, visible: int, index: int) -> None:
     # One visible GPU is the process's own (SLURM's GPU binding, a Kubernetes device plugin); with more,
     # LOCAL_RANK picks one.
-    assert distributed._cuda_device_for(local_rank, visible) == index
+    assert _launch._cuda_device_for(local_rank, visible) == index
 
 
 @pytest.mark.parametrize(("local_rank", "visible"), [(2, 2), (5, 4), (-1, 4), (0, 0)])
 def test_a_local_rank_without_a_gpu_of_its_own_is_refused(local_rank: int, visible: int) -> None:
     with pytest.raises(ValueError, match=f"LOCAL_RANK={local_rank} ") as refused:
-        distributed._cuda_device_for(local_rank, visible, "0,1")
+        _launch._cuda_device_for(local_rank, visible, "0,1")
     assert f"sees {visible} GPU(s)" in str(refused.value)
     assert "CUDA_VISIBLE_DEVICES='0,1'" in str(refused.value)
 
@@ -106,9 +389,9 @@ def test_a_collective_timeout_given_to_the_decoder_wins(group_of_one: None) -> N
 def test_where_torch_does_not_tell_the_timeout_init_distributed_was_given_is_used(
     group_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(distributed, "_group_timeout", lambda group: None)  # a torch without the attribute
+    monkeypatch.setattr(_launch, "_group_timeout", lambda group: None)  # a torch without the attribute
     assert ShardedWanDecoder(tiny_wan21()).collective_timeout == INIT_TIMEOUT
-    monkeypatch.setattr(distributed, "_init_timeout", None)  # a group init_distributed did not create
+    monkeypatch.setattr(_launch, "_init_timeout", None)  # a group init_distributed did not create
     assert ShardedWanDecoder(tiny_wan21()).collective_timeout == dist.constants.default_pg_timeout
 
 
@@ -130,10 +413,10 @@ def test_an_nccl_decode_group_agrees_over_a_gloo_group_of_its_ranks_with_its_tim
     assert side is not None and side is not dist.group.WORLD
     assert dist.get_backend(side) == "gloo"
     assert dist.get_process_group_ranks(side) == dist.get_process_group_ranks(dist.group.WORLD)
-    assert distributed._group_timeout(side) == INIT_TIMEOUT
+    assert _launch._group_timeout(side) == INIT_TIMEOUT
     assert ShardedWanDecoder(vae)._agreement_group is side  # one a group and timeout, not one a decoder
     other = ShardedWanDecoder(vae, collective_timeout=timedelta(seconds=5))._agreement_group
-    assert other is not side and distributed._group_timeout(other) == timedelta(seconds=5)
+    assert other is not side and _launch._group_timeout(other) == timedelta(seconds=5)
 
 
 def watch(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, before: Callable[..., None]) -> None:
@@ -238,10 +521,10 @@ def _decode_over_nccl(folder: str) -> None:
     report = {
         "device": str(device),
         "backend": str(dist.get_backend()),
-        "group_timeout": distributed._group_timeout(None),  # read from the NCCL backend itself
+        "group_timeout": _launch._group_timeout(None),  # read from the NCCL backend itself
         "collective_timeout": decoder.collective_timeout,
         "agreement_backend": None if side is None else str(dist.get_backend(side)),
-        "agreement_timeout": None if side is None else distributed._group_timeout(side),
+        "agreement_timeout": None if side is None else _launch._group_timeout(side),
         "max_delta": max((a - b).abs().max().item() for a, b in zip(got, expected, strict=True)),
         "stats": dataclasses.asdict(decoder.stats),
     }
