@@ -35,13 +35,9 @@ from hypothesis.stateful import (
 from torch import Tensor, nn
 
 from streamvae import PinnedChunkRing, RingAbortedError, quantize_chunk, quantize_chunk_yuv420
+from streamvae.distributed._layout import StripLayout
 from streamvae.models._common import overlapping_window_chunks
 from streamvae.models.cogvideox import CogVideoXChunkedDecoder
-
-try:
-    from streamvae.distributed._layout import StripLayout
-except ImportError:  # before distributed.py became a package (drop this once it has landed)
-    from streamvae.distributed import _Layout as StripLayout  # type: ignore[assignment]
 
 properties = settings(max_examples=150, deadline=None, derandomize=True, database=None)
 tensor_properties = settings(properties, max_examples=60)
