@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
 from _report import write_section
 
-from streamvae.encode import EntryEncoder
+from streamvae._encode import EntryEncoder
 from streamvae.server import create_app
 from tests._server import running_server
 

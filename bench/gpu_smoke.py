@@ -64,7 +64,7 @@ import torch
 from torch import Tensor, nn
 
 from streamvae import ChunkedVideoMP4Session, decode_to_mp4, quantize_chunk, stream_mp4
-from streamvae.encode import EntryEncoder, open_containers
+from streamvae._encode import EntryEncoder, open_containers
 from streamvae.models import chunked_decoder
 
 CUDA = torch.cuda.is_available()

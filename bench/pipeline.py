@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import DOCS, write_section
 
 from streamvae import ChunkedVideoMP4Session, quantize_chunk, quantize_chunk_yuv420
-from streamvae.encode import EntryEncoder, as_fps
+from streamvae._encode import EntryEncoder, as_fps
 
 HEIGHT, WIDTH, FPS = 480, 832, 16
 CODEC = {"crf": "18", "preset": "veryfast", "threads": "2"}

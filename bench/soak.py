@@ -118,7 +118,7 @@ def encoder_loop(output: str, count: int) -> None:
 
     import numpy as np
 
-    from streamvae.encode import EntryEncoder
+    from streamvae._encode import EntryEncoder
 
     frames = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
     me = psutil.Process()

@@ -1,9 +1,8 @@
-"""Helpers shared by the model adapter tests: decode references, a recording stream, a counting hook."""
+"""Helpers shared by the model adapter tests: the conformance suite run against ``vae.decode``."""
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
@@ -11,7 +10,8 @@ import torch
 from accelerate.hooks import ModelHook, add_hook_to_module
 from torch import Tensor
 
-from streamvae.protocol import SupportsChunkedVAEDecode
+from streamvae.models import ChunkedDecoder, chunked_decoder
+from streamvae.testing import ChunkedDecoderReport, check_chunked_decoder
 
 
 @pytest.fixture(scope="module")
@@ -30,59 +30,121 @@ def reference(vae: Any, z: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         return sample
 
 
-def stream(adapter: SupportsChunkedVAEDecode, z: Tensor) -> list[Tensor]:
-    """Decode through ``adapter``; check that no chunk changed after it was published; return the chunks."""
-    published: list[tuple[Tensor, Tensor]] = []
-    adapter.decode_with_chunks(z, on_chunk=lambda chunk: published.append((chunk, chunk.clone())))
-    for chunk, at_publish in published:
-        assert torch.equal(chunk, at_publish), "a published frame changed afterwards"
-    return [at_publish for _, at_publish in published]
+def conforms(
+    adapter: ChunkedDecoder, z: Tensor, *args: Any, expected: Tensor | None = None, **kwargs: Any
+) -> ChunkedDecoderReport:
+    """Run the conformance suite on ``adapter`` against ``adapter.vae.decode(z, *args, **kwargs)``.
 
-
-class CountingHook(ModelHook):
-    """An accelerate hook that counts ``pre_forward`` calls (what diffusers runs around ``decode``)."""
-
-    def __init__(self) -> None:
-        self.pre_forward_calls = 0
-
-    def pre_forward(
-        self, module: torch.nn.Module, *args: object, **kwargs: object
-    ) -> tuple[tuple[object, ...], dict[str, object]]:
-        self.pre_forward_calls += 1
-        return args, kwargs
-
-
-def check_hook_runs_once_per_decode(vae: Any, make_adapter: Callable[[Any], Any], z: Tensor) -> None:
-    """The adapter runs the VAE's forward hook once per decode, like ``vae.decode``, and stays exact."""
-    hook = CountingHook()
-    add_hook_to_module(vae, hook)
-    chunks = stream(make_adapter(vae), z)
-    assert hook.pre_forward_calls == 1
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z))
-    assert hook.pre_forward_calls == 2  # vae.decode ran it once as well
-
-
-def fail_at_second_chunk(
-    vae: Any, adapter: SupportsChunkedVAEDecode, z: Tensor, error: BaseException
-) -> tuple[int, list[weakref.ref[Tensor]]]:
-    """Decode with an ``on_chunk`` that raises ``error`` at the second chunk.
-
-    Checks that the very error object comes back; returns the decoder calls that ran and weak references
-    to every chunk published (all of which must be dead by now).
+    A no-op accelerate hook is attached to the VAE first (unless it has one), so the suite also checks
+    that the adapter runs it once per decode, as ``vae.decode`` does.
     """
-    decoder_calls: list[int] = []
-    handle = vae.decoder.register_forward_hook(lambda *_: decoder_calls.append(1))
-    published: list[weakref.ref[Tensor]] = []
+    vae = adapter.vae
+    if getattr(vae, "_hf_hook", None) is None:
+        add_hook_to_module(vae, ModelHook())
+    if expected is None:
+        expected = reference(vae, z, *args, **kwargs)
+    return check_chunked_decoder(adapter, z, reference=expected)
 
-    def on_chunk(chunk: Tensor) -> None:
-        published.append(weakref.ref(chunk))
-        if len(published) == 2:
-            raise error
 
-    try:
-        with pytest.raises(type(error)) as raised:
-            adapter.decode_with_chunks(z, on_chunk=on_chunk)
-    finally:
-        handle.remove()
-    assert raised.value is error
-    return len(decoder_calls), published
+def check_batch_chunks(
+    adapter: ChunkedDecoder, z: Tensor, frames: list[int], *, use_slicing: bool, tiles: int = 1
+) -> None:
+    """Every chunk holds the whole batch; with ``use_slicing`` each entry decodes alone, as ``vae.decode``
+    does: one decoder call per entry, tile and step."""
+    adapter.vae.use_slicing = use_slicing
+    report = conforms(adapter, z)
+    batch = z.shape[0]
+    assert [tuple(chunk.shape[:3]) for chunk in report.chunks] == [(batch, 3, count) for count in frames]
+    calls = (batch if use_slicing else 1) * tiles
+    assert report.decoder_calls == [calls * (step + 1) for step in range(len(frames))]
+
+
+def check_tiling_matters(vae: Any, z: Tensor) -> None:
+    """``vae.decode`` of ``z`` with spatial tiling differs from without: a tiling test tests tiling."""
+    tiled = reference(vae, z)
+    vae.use_tiling = False
+    assert not torch.equal(reference(vae, z), tiled)
+
+
+def check_small_tiles(adapter: ChunkedDecoder, z: Tensor, frames: list[int]) -> None:
+    """Spatial tiles of 24 pixels every 16, inside each window: the chunks still equal ``vae.decode``."""
+    vae = adapter.vae
+    vae.use_tiling = True
+    vae.tile_sample_min_height = vae.tile_sample_min_width = 24
+    vae.tile_sample_stride_height = vae.tile_sample_stride_width = 16
+    assert conforms(adapter, z).chunk_frames == frames
+    check_tiling_matters(vae, z)
+
+
+def check_window_rule(vae: Any, z: Tensor, kept: list[int]) -> None:
+    """The rule the window adapters build on, checked on diffusers itself.
+
+    Window k keeps frames up to ``kept[k]``, fixed by the latents it decodes (up to 2k + 3 here, windows
+    starting every 2 latents): changing any later latent leaves them bit-identical, changing its own last
+    one does not. And nothing in one decoder call is final before its last latent (GroupNorm spans the
+    call's frames, or the decoder is not causal): without windows, a decode is one chunk.
+    """
+    full = reference(vae, z)
+    for window, end in enumerate(kept):
+        last_latent = 2 * window + 3
+        later = z.clone()
+        later[:, :, last_latent + 1 :] += 1.0
+        assert torch.equal(reference(vae, later)[:, :, :end], full[:, :, :end])
+        edge = z.clone()
+        edge[:, :, last_latent] += 1.0  # the window's own last latent does reach its kept frames
+        assert not torch.equal(reference(vae, edge)[:, :, end - 8 : end], full[:, :, end - 8 : end])
+    vae.use_framewise_decoding = False
+    moved = z.clone()
+    moved[:, :, -1] += 1.0
+    assert not torch.equal(reference(vae, moved)[:, :, :1], reference(vae, z)[:, :, :1])
+
+
+def check_registry(vae: Any, adapter_type: type[ChunkedDecoder], latent_channels: int) -> None:
+    """``chunked_decoder`` wraps ``vae`` itself in ``adapter_type``, which describes its latents and, its
+    decoder not being causal across calls, refuses latents in pieces naming the families that take them."""
+    adapter = chunked_decoder(vae)
+    assert type(adapter) is adapter_type and adapter.vae is vae
+    assert (adapter.chunk_value_range, adapter.latent_channels, adapter.is_output_rank) == (
+        (-1, 1),
+        latent_channels,
+        True,
+    )
+    with pytest.raises(TypeError, match="cannot decode latents in pieces .*AutoencoderKLWan"):
+        adapter.start(1, 2, 2)
+
+
+class FrameVAE(torch.nn.Module):
+    """Stands in for a video VAE whose latent frames decode apart: each gives 2 frames (1×1 conv, tanh)."""
+
+    def __init__(self, latent_channels: int = 4) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.decoder = torch.nn.Conv3d(latent_channels, 3, 1)
+        with torch.no_grad():
+            self.decoder.weight.copy_(torch.randn(self.decoder.weight.shape, generator=generator))
+        self.use_slicing = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.decoder.weight.dtype
+
+    def frame(self, latent_frame: Tensor) -> Tensor:
+        return torch.tanh(self.decoder(latent_frame)).repeat_interleave(2, dim=2)
+
+    def decode_frames(self, z: Tensor) -> Tensor:
+        """The reference: every latent frame decoded, one after another."""
+        with torch.no_grad():
+            return torch.cat([self.frame(z[:, :, k : k + 1]) for k in range(z.shape[2])], dim=2)
+
+
+class FrameDecoder(ChunkedDecoder):
+    """A model family in one generator: a chunk per latent frame of a :class:`FrameVAE`."""
+
+    vae: FrameVAE
+
+    def __init__(self, vae: FrameVAE, **options: Any) -> None:
+        super().__init__(vae, latent_channels=vae.decoder.in_channels, **options)
+
+    def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+        for k in range(z.shape[2]):
+            yield self.vae.frame(z[:, :, k : k + 1])

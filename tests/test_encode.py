@@ -12,7 +12,7 @@ import av
 import numpy as np
 import pytest
 
-from streamvae.encode import EntryEncoder
+from streamvae._encode import EntryEncoder
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-import streamvae.decode
+import streamvae._decode
 from streamvae import (
     ChunkedVideoMP4Session,
     MP4ByteStream,
@@ -26,7 +26,7 @@ from streamvae import (
     read_entries,
     stream_mp4,
 )
-from streamvae.encode import open_containers
+from streamvae._encode import open_containers
 from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4
 from tests._vaes import latent, tiny_wan21
 
@@ -136,13 +136,13 @@ async def test_non_finite_latents_are_refused_before_the_first_step(
     bad: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads: list[int] = []
-    check = streamvae.decode.check_finite_latents
+    check = streamvae._decode.check_finite_latents
 
     def recording_check(z: torch.Tensor, *, owner: str) -> None:
         threads.append(threading.get_ident())
         check(z, owner=owner)
 
-    monkeypatch.setattr(streamvae.decode, "check_finite_latents", recording_check)
+    monkeypatch.setattr(streamvae._decode, "check_finite_latents", recording_check)
     z = torch.randn(1, 16, 3, 4, 4)
     z[0, 2, 1, 1, 1] = bad
     decoder = _CountingDecoder()

@@ -11,10 +11,8 @@ import torch
 from diffusers import AutoencoderKLCogVideoX
 from torch import Tensor
 
-from streamvae.models import chunked_decoder
 from streamvae.models.cogvideox import CogVideoXChunkedDecoder
-from streamvae.protocol import SupportsChunkedVAEDecode
-from tests._adapters import check_hook_runs_once_per_decode, fail_at_second_chunk, reference, stream
+from tests._adapters import check_batch_chunks, check_registry, check_tiling_matters, conforms, reference
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -45,10 +43,9 @@ def test_chunks_concatenate_to_vae_decode_one_batch_each(
 ) -> None:
     vae = tiny_vae()
     vae.num_latent_frames_batch_size = batch_size
-    z = latent(frames=latent_frames)
-    chunks = stream(CogVideoXChunkedDecoder(vae), z)
-    assert [chunk.shape[2] for chunk in chunks] == sizes
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z))
+    report = conforms(CogVideoXChunkedDecoder(vae), latent(frames=latent_frames))
+    assert report.chunk_frames == sizes
+    assert report.decoder_calls == list(range(1, len(sizes) + 1))  # one decoder call a latent batch
 
 
 @pytest.mark.parametrize("use_slicing", [False, True])
@@ -60,24 +57,16 @@ def test_spatial_tiling_frame_major_matches_tile_major_vae_decode(use_slicing: b
         tile_overlap_factor_height=1 / 3,
         tile_overlap_factor_width=1 / 3,
     )
-    vae.use_slicing = use_slicing
     z = latent(batch=2, size=4)
-    chunks = stream(CogVideoXChunkedDecoder(vae), z)
-    assert [tuple(chunk.shape[:3]) for chunk in chunks] == [(2, 3, 9), (2, 3, 8), (2, 3, 8)]
-    expected = reference(vae, z)
-    assert torch.equal(torch.cat(chunks, dim=2), expected)
-    vae.use_tiling = False
-    assert not torch.equal(reference(vae, z), expected)  # tiling did change the decode
+    check_batch_chunks(CogVideoXChunkedDecoder(vae), z, [9, 8, 8], use_slicing=use_slicing, tiles=2 * 2)
+    check_tiling_matters(vae, z)
 
 
 @pytest.mark.parametrize("use_slicing", [False, True])
-def test_batches_publish_whole_batch_chunks(use_slicing: bool) -> None:
-    vae = tiny_vae()
-    vae.use_slicing = use_slicing
-    z = latent(batch=2)
-    chunks = stream(CogVideoXChunkedDecoder(vae), z)
-    assert [tuple(chunk.shape[:3]) for chunk in chunks] == [(2, 3, 9), (2, 3, 8), (2, 3, 8)]
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z))
+def test_batches_publish_whole_batch_chunks_slicing_decodes_each_entry_alone(use_slicing: bool) -> None:
+    check_batch_chunks(
+        CogVideoXChunkedDecoder(tiny_vae()), latent(batch=2), [9, 8, 8], use_slicing=use_slicing
+    )
 
 
 def test_batch_frames_depend_on_no_later_latent() -> None:
@@ -96,45 +85,5 @@ def test_batch_frames_depend_on_no_later_latent() -> None:
     assert not torch.equal(reference(vae, inside)[:, :, 9], full[:, :, 9])
 
 
-def test_forward_hook_runs_once_per_decode_like_vae_decode() -> None:
-    check_hook_runs_once_per_decode(tiny_vae(), CogVideoXChunkedDecoder, latent())
-
-
-@pytest.mark.parametrize("use_slicing", [False, True])
-def test_failing_on_chunk_stops_at_the_next_batch_and_keeps_no_chunk(use_slicing: bool) -> None:
-    vae = tiny_vae()
-    vae.use_slicing = use_slicing
-    adapter = CogVideoXChunkedDecoder(vae)
-    error = KeyboardInterrupt()
-    z = latent(batch=2)
-    decoder_calls, published = fail_at_second_chunk(vae, adapter, z, error)
-    # The third batch never ran: two decoder calls, or two per entry with slicing.
-    assert len(published) == 2 and decoder_calls == (4 if use_slicing else 2)
-    assert all(ref() is None for ref in published)
-    assert torch.equal(torch.cat(stream(adapter, z), dim=2), reference(vae, z))
-
-
-@pytest.mark.parametrize(
-    ("shape", "message"),
-    [((4, 7, 2, 2), "5-D"), ((1, 16, 7, 2, 2), "4 latent channels"), ((1, 4, 7, 0, 2), "empty")],
-)
-def test_prepare_latents_names_z_and_the_expected_form(shape: tuple[int, ...], message: str) -> None:
-    adapter = CogVideoXChunkedDecoder(tiny_vae())
-    with pytest.raises(ValueError, match=rf"z must .*{message}.*\[batch, 4, frames, height, width\]"):
-        adapter.prepare_latents(torch.zeros(shape))
-
-
-def test_prepare_latents_casts_to_the_vae_dtype_and_device() -> None:
-    vae = tiny_vae().to(torch.bfloat16)
-    z = CogVideoXChunkedDecoder(vae).prepare_latents(latent())
-    assert z.dtype == torch.bfloat16 and z.device == torch.device("cpu")
-
-
 def test_registry_returns_the_adapter() -> None:
-    vae = tiny_vae()
-    adapter = chunked_decoder(vae)
-    assert isinstance(adapter, CogVideoXChunkedDecoder) and adapter.vae is vae
-    assert isinstance(adapter, SupportsChunkedVAEDecode)
-    assert (
-        adapter.chunk_value_range == (-1.0, 1.0) and adapter.latent_channels == 4 and adapter.is_output_rank
-    )
+    check_registry(tiny_vae(), CogVideoXChunkedDecoder, latent_channels=4)

@@ -16,44 +16,43 @@ from torch import Tensor
 
 from streamvae.models import chunked_decoder
 from streamvae.models.ltx_video import LTXVideoChunkedDecoder
-from tests._adapters import check_hook_runs_once_per_decode, fail_at_second_chunk, reference, stream
+from tests._adapters import (
+    check_batch_chunks,
+    check_registry,
+    check_small_tiles,
+    check_window_rule,
+    conforms,
+    reference,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def tiny_vae(**config: Any) -> AutoencoderKLLTXVideo:
-    torch.manual_seed(0)
-    vae = AutoencoderKLLTXVideo(
-        latent_channels=8,
-        block_out_channels=(8, 8, 8, 8),
-        decoder_block_out_channels=(8, 8, 8, 8),
-        layers_per_block=(1, 1, 1, 1, 1),
-        decoder_layers_per_block=(1, 1, 1, 1, 1),
-        patch_size=1,
-        **config,
-    ).eval()
+# Small layouts: 8 channels, patch_size 1, 8× compression in time and space.
+TINY = {"latent_channels": 8, "layers_per_block": (1, 1, 1, 1, 1), "patch_size": 1}
+
+
+def with_small_windows(vae: Any) -> Any:
+    """Temporal tiling on: windows of 24 sample frames (3 latents + 1) every 16 (2 latents)."""
     vae.use_framewise_decoding = True
     vae.tile_sample_min_num_frames = 24
     vae.tile_sample_stride_num_frames = 16
-    return vae
+    return vae.eval()
+
+
+def tiny_vae(**config: Any) -> AutoencoderKLLTXVideo:
+    torch.manual_seed(0)
+    blocks = {"block_out_channels": (8, 8, 8, 8), "decoder_block_out_channels": (8, 8, 8, 8)}
+    layers = {"decoder_layers_per_block": (1, 1, 1, 1, 1)}
+    return with_small_windows(AutoencoderKLLTXVideo(**TINY, **blocks, **layers, **config))
 
 
 def tiny_ltx2() -> AutoencoderKLLTX2Video:
     torch.manual_seed(0)
-    vae = AutoencoderKLLTX2Video(
-        latent_channels=8,
-        block_out_channels=(8, 16, 32, 64),
-        decoder_block_out_channels=(8, 16, 32),
-        layers_per_block=(1, 1, 1, 1, 1),
-        decoder_layers_per_block=(1, 1, 1, 1),
-        patch_size=1,
-        spatial_compression_ratio=8,
-        temporal_compression_ratio=8,
-    ).eval()
-    vae.use_framewise_decoding = True
-    vae.tile_sample_min_num_frames = 24
-    vae.tile_sample_stride_num_frames = 16
-    return vae
+    blocks = {"block_out_channels": (8, 16, 32, 64), "decoder_block_out_channels": (8, 16, 32)}
+    layers = {"decoder_layers_per_block": (1, 1, 1, 1)}
+    ratios = {"spatial_compression_ratio": 8, "temporal_compression_ratio": 8}
+    return with_small_windows(AutoencoderKLLTX2Video(**TINY, **blocks, **layers, **ratios))
 
 
 def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:
@@ -75,71 +74,35 @@ def test_chunks_concatenate_to_vae_decode_one_window_each(
     vae = tiny_vae()
     vae.tile_sample_min_num_frames = min_frames
     vae.tile_sample_stride_num_frames = stride_frames
-    z = latent(frames=latent_frames)
-    chunks = stream(LTXVideoChunkedDecoder(vae), z)
-    assert [chunk.shape[2] for chunk in chunks] == sizes
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z))
+    report = conforms(LTXVideoChunkedDecoder(vae), latent(frames=latent_frames))
+    assert report.chunk_frames == sizes
+    assert report.decoder_calls == list(range(1, len(sizes) + 1))  # one decoder call a window
 
 
 def test_spatial_tiling_inside_each_window_matches_vae_decode() -> None:
-    vae = tiny_vae()
-    vae.use_tiling = True
-    vae.tile_sample_min_height = vae.tile_sample_min_width = 24
-    vae.tile_sample_stride_height = vae.tile_sample_stride_width = 16
-    z = latent(size=4)
-    chunks = stream(LTXVideoChunkedDecoder(vae), z)
-    assert [chunk.shape[2] for chunk in chunks] == [17, 16, 16]
-    expected = reference(vae, z)
-    assert torch.equal(torch.cat(chunks, dim=2), expected)
-    vae.use_tiling = False
-    assert not torch.equal(reference(vae, z), expected)  # tiling did change the decode
+    check_small_tiles(LTXVideoChunkedDecoder(tiny_vae()), latent(size=4), frames=[17, 16, 16])
 
 
-def test_window_frames_depend_on_no_later_latent() -> None:
-    """The rule the adapter builds on, checked on diffusers itself: window k's kept frames are fixed by the
-    latents it decodes (up to 2k + 3 here); changing any later latent leaves them bit-identical."""
-    vae = tiny_vae()
-    z = latent()
-    full = reference(vae, z)
-    for window, kept in enumerate([17, 33]):
-        last_latent = 2 * window + 3
-        later = z.clone()
-        later[:, :, last_latent + 1 :] += 1.0
-        assert torch.equal(reference(vae, later)[:, :, :kept], full[:, :, :kept])
-        edge = z.clone()
-        edge[:, :, last_latent] += 1.0  # the window's own last latent does reach its kept frames
-        assert not torch.equal(reference(vae, edge)[:, :, kept - 8 : kept], full[:, :, kept - 8 : kept])
+def test_window_frames_depend_on_no_later_latent_and_a_single_call_on_its_last() -> None:
+    check_window_rule(tiny_vae(), latent(), kept=[17, 33])  # frames kept by windows 0 and 1
 
 
 def test_without_temporal_tiling_the_decode_is_one_chunk() -> None:
     vae = tiny_vae()
     vae.use_framewise_decoding = False  # diffusers' default for LTX-Video
-    z = latent(frames=3)
-    chunks = stream(LTXVideoChunkedDecoder(vae), z)
-    assert len(chunks) == 1
-    assert torch.equal(chunks[0], reference(vae, z))
-    # Why one chunk: the decoder is not causal, so the last latent moves the first frame.
-    moved = z.clone()
-    moved[:, :, -1] += 1.0
-    assert not torch.equal(reference(vae, moved)[:, :, :1], chunks[0][:, :, :1])
+    assert len(conforms(LTXVideoChunkedDecoder(vae), latent(frames=3)).chunks) == 1
 
 
 def test_timestep_passes_through_to_every_window() -> None:
     vae = tiny_vae(timestep_conditioning=True)
     z = latent()
     temb = torch.tensor([0.05])
-    chunks = stream(chunked_decoder(vae, temb=temb), z)
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z, temb))
+    chunks = conforms(chunked_decoder(vae, temb=temb), z, temb).chunks
     assert not torch.equal(torch.cat(chunks, dim=2), reference(vae, z, torch.tensor([0.5])))
 
 
 def test_slicing_without_timestep_matches_vae_decode() -> None:
-    vae = tiny_vae()
-    vae.use_slicing = True
-    z = latent(batch=2)
-    chunks = stream(LTXVideoChunkedDecoder(vae), z)
-    assert [tuple(chunk.shape[:3]) for chunk in chunks] == [(2, 3, 17), (2, 3, 16), (2, 3, 16)]
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z))
+    check_batch_chunks(LTXVideoChunkedDecoder(tiny_vae()), latent(batch=2), [17, 16, 16], use_slicing=True)
 
 
 @pytest.mark.parametrize("timesteps", [[0.05, 0.5], [0.05]])
@@ -149,18 +112,19 @@ def test_slicing_gives_each_entry_its_timestep(timesteps: list[float]) -> None:
     vae.use_slicing = True
     z = latent(batch=2)
     temb = torch.tensor(timesteps)
-    chunks = stream(LTXVideoChunkedDecoder(vae, temb=temb), z)
     vae.use_slicing = False
     entries = [reference(vae, z[b : b + 1], temb[b : b + 1] if len(temb) > 1 else temb) for b in range(2)]
-    assert torch.equal(torch.cat(chunks, dim=2), torch.cat(entries))
+    vae.use_slicing = True
+    conforms(LTXVideoChunkedDecoder(vae, temb=temb), z, expected=torch.cat(entries))
 
 
 def test_injected_noise_matches_vae_decode_from_the_same_rng_state() -> None:
     vae = tiny_vae(timestep_conditioning=True, decoder_inject_noise=(True, True, True, True, False))
     z = latent()
     temb = torch.tensor([0.05])
+    chunks: list[Tensor] = []
     torch.manual_seed(7)
-    chunks = stream(LTXVideoChunkedDecoder(vae, temb=temb), z)
+    LTXVideoChunkedDecoder(vae, temb=temb).decode_with_chunks(z, on_chunk=chunks.append)
     torch.manual_seed(7)
     assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z, temb))
 
@@ -171,9 +135,7 @@ def test_ltx2_windows_match_vae_decode(causal: bool | None) -> None:
     z = latent()
     adapter = chunked_decoder(vae, causal=causal)
     assert isinstance(adapter, LTXVideoChunkedDecoder)
-    chunks = stream(adapter, z)
-    assert [chunk.shape[2] for chunk in chunks] == [17, 16, 16]
-    assert torch.equal(torch.cat(chunks, dim=2), reference(vae, z, causal=causal))
+    assert conforms(adapter, z, causal=causal).chunk_frames == [17, 16, 16]
 
 
 def test_causal_is_refused_for_ltx_video() -> None:
@@ -186,35 +148,5 @@ def test_other_modules_are_refused_by_name() -> None:
         LTXVideoChunkedDecoder(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
 
 
-def test_forward_hook_runs_once_per_decode_like_vae_decode() -> None:
-    check_hook_runs_once_per_decode(tiny_vae(), LTXVideoChunkedDecoder, latent())
-
-
-def test_failing_on_chunk_stops_at_the_next_window_and_keeps_no_chunk() -> None:
-    vae = tiny_vae()
-    adapter = LTXVideoChunkedDecoder(vae)
-    error = RuntimeError("sink closed")
-    z = latent()
-    decoder_calls, published = fail_at_second_chunk(vae, adapter, z, error)
-    assert len(published) == 2 and decoder_calls == 2  # the third window never ran
-    assert all(ref() is None for ref in published)
-    assert torch.equal(torch.cat(stream(adapter, z), dim=2), reference(vae, z))
-
-
-@pytest.mark.parametrize(
-    ("shape", "message"),
-    [((1, 8, 7, 2), "5-D"), ((1, 4, 7, 2, 2), "8 latent channels"), ((0, 8, 7, 2, 2), "empty")],
-)
-def test_prepare_latents_names_z_and_the_expected_form(shape: tuple[int, ...], message: str) -> None:
-    adapter = LTXVideoChunkedDecoder(tiny_vae())
-    with pytest.raises(ValueError, match=rf"z must .*{message}.*\[batch, 8, frames, height, width\]"):
-        adapter.prepare_latents(torch.zeros(shape))
-
-
-def test_prepare_latents_casts_to_the_vae_dtype_and_device() -> None:
-    adapter = LTXVideoChunkedDecoder(tiny_vae())
-    z = adapter.prepare_latents(latent().double())
-    assert z.dtype == torch.float32 and z.device == torch.device("cpu")
-    assert (
-        adapter.chunk_value_range == (-1.0, 1.0) and adapter.latent_channels == 8 and adapter.is_output_rank
-    )
+def test_registry_returns_the_adapter() -> None:
+    check_registry(tiny_vae(), LTXVideoChunkedDecoder, latent_channels=8)

@@ -7,24 +7,22 @@ instance with the same settings, compared with ``torch.equal`` on CPU float32.
 from __future__ import annotations
 
 import contextlib
-import gc
 import re
-import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from itertools import zip_longest
 from typing import Any
 
 import accelerate
 import pytest
 import torch
 from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
-from accelerate.hooks import ModelHook, add_hook_to_module
 from diffusers import AutoencoderKLWan
 from torch import Tensor, nn
 
 from streamvae.models import chunked_decoder
 from streamvae.models.wan import WanChunkedDecoder, denormalize_wan_latents
 from streamvae.protocol import SupportsChunkedVAEDecode
+from tests._adapters import conforms
 
 FAMILIES: dict[str, Callable[[], nn.Module]] = {
     "wan21": tiny_wan21,
@@ -33,24 +31,12 @@ FAMILIES: dict[str, Callable[[], nn.Module]] = {
 }
 
 
-@dataclass
-class Streamed:
-    """One streamed decode of a family's latent, next to diffusers' ``vae.decode`` of the same latent."""
-
-    vae: Any
-    z: Tensor
-    reference: Tensor  # vae.decode(z).sample
-    chunks: list[Tensor]
-    decoder_calls: int
-
-
 @pytest.fixture(scope="module", params=list(FAMILIES))
-def streamed(request: pytest.FixtureRequest) -> Streamed:
+def family(request: pytest.FixtureRequest) -> tuple[Any, Tensor, Tensor]:
+    """A family's tiny VAE, a 5-latent-frame latent and ``vae.decode`` of it."""
     vae = FAMILIES[request.param]()
     z = latent(vae, h=4, w=4)
-    with counting_decoder_calls(vae) as calls:
-        chunks = collect(WanChunkedDecoder(vae), z)
-    return Streamed(vae, z, reference_decode(vae, z), chunks, calls[0])
+    return vae, z, reference_decode(vae, z)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +50,13 @@ def reference_decode(vae: Any, z: Tensor) -> Tensor:
     with torch.no_grad():
         out: Tensor = vae.decode(z).sample
     return out
+
+
+def tiled_reference(vae: Any, z: Tensor) -> Tensor:
+    """``tiled_decode``, clamped as ``decode`` clamps (Qwen-Image's ``tiled_decode`` does not)."""
+    with torch.no_grad():
+        out: Tensor = vae.tiled_decode(z).sample
+    return out.clamp(-1.0, 1.0)
 
 
 def collect(decoder: WanChunkedDecoder, z: Tensor) -> list[Tensor]:
@@ -87,17 +80,6 @@ def counting_decoder_calls(vae: Any) -> Iterator[list[int]]:
         handle.remove()
 
 
-class CountingHook(ModelHook):  # type: ignore[misc]
-    """An accelerate hook that only counts ``pre_forward`` calls."""
-
-    def __init__(self) -> None:
-        self.pre_forward_calls = 0
-
-    def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        self.pre_forward_calls += 1
-        return args, kwargs
-
-
 def enable_small_tiling(vae: Any) -> None:
     """Tiles of 4×4 latents every 3 latents: a 6×7 latent decodes as 2×3 tiles with 8-pixel blends."""
     ratio = vae.spatial_compression_ratio
@@ -109,35 +91,32 @@ def enable_small_tiling(vae: Any) -> None:
     )
 
 
-# Exactness and chunk layout
+# The contract, exactness and chunk layout
 
 
-def test_chunks_concatenate_to_exactly_vae_decode(streamed: Streamed) -> None:
-    assert torch.equal(torch.cat(streamed.chunks, dim=2), streamed.reference)
+def test_conforms_with_one_chunk_and_one_decoder_step_per_latent_frame(
+    family: tuple[Any, Tensor, Tensor],
+) -> None:
+    vae, z, expected = family
+    report = conforms(WanChunkedDecoder(vae), z, expected=expected)
+    assert report.chunk_frames == [1, 4, 4, 4, 4]
+    assert report.decoder_calls == [1, 2, 3, 4, 5]
+    assert all(chunk.min() >= -1.0 and chunk.max() <= 1.0 for chunk in report.chunks)
 
 
-def test_one_chunk_per_latent_frame_first_one_frame_then_four(streamed: Streamed) -> None:
-    assert [chunk.shape[2] for chunk in streamed.chunks] == [1, 4, 4, 4, 4]
-    b, c, _, h, w = streamed.reference.shape
-    for chunk in streamed.chunks:
-        assert (chunk.shape[:2], chunk.shape[3:]) == ((b, c), (h, w))
-        assert chunk.min() >= -1.0 and chunk.max() <= 1.0
-
-
-def test_decode_runs_one_decoder_step_per_latent_frame(streamed: Streamed) -> None:
-    assert streamed.decoder_calls == streamed.z.shape[2]
+def test_drain_runs_every_step_after_a_failure_without_publishing(wan21: tuple[Any, Tensor, Tensor]) -> None:
+    vae, z, expected = wan21
+    decoder = WanChunkedDecoder(vae, drain=True)
+    assert decoder.drain
+    conforms(decoder, z, expected=expected)  # the suite expects all 5 steps after each failure
 
 
 def test_slicing_decodes_each_entry_alone_and_publishes_whole_batch_chunks() -> None:
     vae = tiny_wan22()
     vae.enable_slicing()
-    z = latent(vae, batch=2, frames=3, h=4, w=4)
-    reference = reference_decode(vae, z)
-    with counting_decoder_calls(vae) as calls:
-        chunks = collect(WanChunkedDecoder(vae), z)
-    assert calls[0] == 2 * 3  # each entry runs its own decoder step per latent frame
-    assert [chunk.shape[0] for chunk in chunks] == [2, 2, 2]
-    assert torch.equal(torch.cat(chunks, dim=2), reference)
+    report = conforms(WanChunkedDecoder(vae), latent(vae, batch=2, frames=3, h=4, w=4))
+    assert report.decoder_calls == [2, 4, 6]  # each entry runs its own decoder step per latent frame
+    assert [chunk.shape[0] for chunk in report.chunks] == [2, 2, 2]
 
 
 @pytest.mark.parametrize("make_vae", [tiny_wan21, tiny_wan22], ids=["wan21", "wan22"])
@@ -145,13 +124,9 @@ def test_tiling_equals_tiled_decode(make_vae: Callable[[], Any]) -> None:
     vae = make_vae()
     enable_small_tiling(vae)
     z = latent(vae, frames=3, h=6, w=7)
-    with torch.no_grad():
-        reference = vae.tiled_decode(z).sample
-    with counting_decoder_calls(vae) as calls:
-        chunks = collect(WanChunkedDecoder(vae), z)
-    assert calls[0] == 2 * 3 * 3  # 2×3 tiles, each stepped once per latent frame
-    assert [chunk.shape[2] for chunk in chunks] == [1, 4, 4]
-    assert torch.equal(torch.cat(chunks, dim=2), reference)
+    report = conforms(WanChunkedDecoder(vae), z, expected=tiled_reference(vae, z))
+    assert report.decoder_calls == [6, 12, 18]  # 2×3 tiles, each stepped once per latent frame
+    assert report.chunk_frames == [1, 4, 4]
 
 
 def test_qwen_image_tiling_equals_tiled_decode_clamped_into_the_value_range() -> None:
@@ -159,29 +134,24 @@ def test_qwen_image_tiling_equals_tiled_decode_clamped_into_the_value_range() ->
     enable_small_tiling(vae)
     z = latent(vae, frames=3, h=6, w=7)
     with torch.no_grad():
-        reference = vae.tiled_decode(z).sample
-    assert reference.abs().max() > 1.0  # diffusers' Qwen-Image tiled_decode does not clamp
-    chunks = collect(WanChunkedDecoder(vae), z)
-    assert torch.equal(torch.cat(chunks, dim=2), reference.clamp(-1.0, 1.0))
+        assert (
+            vae.tiled_decode(z).sample.abs().max() > 1.0
+        )  # diffusers' Qwen-Image tiled_decode does not clamp
+    conforms(WanChunkedDecoder(vae), z, expected=tiled_reference(vae, z))
 
 
 def test_tiling_with_slicing_equals_vae_decode() -> None:
     vae = tiny_wan21()
     enable_small_tiling(vae)
     vae.enable_slicing()
-    z = latent(vae, batch=2, frames=2, h=6, w=4)  # 2×1 tiles per entry
-    chunks = collect(WanChunkedDecoder(vae), z)
-    assert torch.equal(torch.cat(chunks, dim=2), reference_decode(vae, z))  # decode takes the tiled path
+    z = latent(vae, batch=2, frames=2, h=6, w=4)  # 2×2 tiles per entry
+    assert conforms(WanChunkedDecoder(vae), z).decoder_calls == [8, 16]  # decode takes the tiled path
 
 
 def test_tiling_is_skipped_for_a_latent_within_one_tile_as_decode_does() -> None:
     vae = tiny_wan21()
     enable_small_tiling(vae)
-    z = latent(vae, frames=3, h=4, w=4)
-    with counting_decoder_calls(vae) as calls:
-        chunks = collect(WanChunkedDecoder(vae), z)
-    assert calls[0] == 3
-    assert torch.equal(torch.cat(chunks, dim=2), reference_decode(vae, z))
+    assert conforms(WanChunkedDecoder(vae), latent(vae, frames=3, h=4, w=4)).decoder_calls == [1, 2, 3]
 
 
 def test_bfloat16_vae_decodes_exactly_like_vae_decode() -> None:
@@ -189,9 +159,7 @@ def test_bfloat16_vae_decodes_exactly_like_vae_decode() -> None:
     decoder = WanChunkedDecoder(vae)
     z = decoder.prepare_latents(latent(tiny_wan21(), h=4, w=4))
     assert z.dtype == torch.bfloat16
-    chunks = collect(decoder, z)
-    assert chunks[0].dtype == torch.bfloat16
-    assert torch.equal(torch.cat(chunks, dim=2), reference_decode(vae, z))
+    assert conforms(decoder, z).chunks[0].dtype == torch.bfloat16
 
 
 def test_chunks_carry_no_autograd_graph_and_on_chunk_keeps_the_callers_grad_mode(
@@ -209,103 +177,17 @@ def test_chunks_carry_no_autograd_graph_and_on_chunk_keeps_the_callers_grad_mode
     assert grad_modes == [True] * z.shape[2]
 
 
-# Forward hooks and offloading
-
-
-def test_forward_hook_runs_once_per_decode_like_vae_decode() -> None:
-    vae = tiny_wan21()
-    vae.enable_slicing()
-    hook = CountingHook()
-    add_hook_to_module(vae, hook)
-    z = latent(vae, batch=2, frames=2, h=4, w=4)
-    reference_decode(vae, z)
-    assert hook.pre_forward_calls == 1
-    decoder = WanChunkedDecoder(vae)
-    collect(decoder, z)
-    assert hook.pre_forward_calls == 2
-    collect(decoder, z)
-    assert hook.pre_forward_calls == 3
-
-
 def test_decode_under_accelerate_cpu_offload_equals_reference(wan21: tuple[Any, Tensor, Tensor]) -> None:
-    _, z, reference = wan21
+    _, z, expected = wan21
     vae = tiny_wan21()  # same weights as the fixture's
     accelerate.cpu_offload(vae, execution_device=torch.device("cpu"))
     assert next(vae.parameters()).device.type == "meta"  # weights arrive only through the hooks
     decoder = WanChunkedDecoder(vae)
-    prepared = decoder.prepare_latents(z)
-    assert prepared.device.type == "cpu"
-    assert torch.equal(torch.cat(collect(decoder, prepared), dim=2), reference)
+    assert decoder.prepare_latents(z).device.type == "cpu"
+    conforms(decoder, z, expected=expected)  # counts the offload hook's pre_forward: once a decode
 
 
-# Failure rule
-
-
-class Interrupted(BaseException):
-    """Stands in for trio's Cancelled or KeyboardInterrupt: not an Exception."""
-
-
-@pytest.mark.parametrize("error_type", [RuntimeError, Interrupted])
-def test_failing_on_chunk_is_not_called_again_and_decoding_stops_at_the_next_latent_frame(
-    wan21: tuple[Any, Tensor, Tensor], error_type: type[BaseException]
-) -> None:
-    vae, z, _ = wan21
-    error = error_type("sink closed")
-    published: list[weakref.ref[Tensor]] = []
-
-    def on_chunk(chunk: Tensor) -> None:
-        published.append(weakref.ref(chunk))
-        if len(published) == 2:
-            raise error
-
-    with counting_decoder_calls(vae) as calls, pytest.raises(error_type) as raised:
-        WanChunkedDecoder(vae).decode_with_chunks(z, on_chunk=on_chunk)
-    assert raised.value is error
-    assert len(published) == 2
-    assert calls[0] == 2  # of 5 latent frames
-    gc.collect()
-    assert [ref() for ref in published] == [None, None]  # while the error and its traceback are still alive
-
-
-def test_on_chunk_failing_on_the_first_chunk_stops_after_one_decoder_step(
-    wan21: tuple[Any, Tensor, Tensor],
-) -> None:
-    vae, z, _ = wan21
-
-    def on_chunk(chunk: Tensor) -> None:
-        raise ValueError("no")
-
-    with counting_decoder_calls(vae) as calls, pytest.raises(ValueError, match="no"):
-        WanChunkedDecoder(vae).decode_with_chunks(z, on_chunk=on_chunk)
-    assert calls[0] == 1
-
-
-def test_drain_runs_every_step_after_a_failure_without_publishing(wan21: tuple[Any, Tensor, Tensor]) -> None:
-    vae, z, _ = wan21
-    published: list[weakref.ref[Tensor]] = []
-
-    def on_chunk(chunk: Tensor) -> None:
-        published.append(weakref.ref(chunk))
-        raise RuntimeError("first")
-
-    with counting_decoder_calls(vae) as calls, pytest.raises(RuntimeError, match="first"):
-        WanChunkedDecoder(vae, drain=True).decode_with_chunks(z, on_chunk=on_chunk)
-    assert calls[0] == z.shape[2]
-    assert len(published) == 1
-    gc.collect()
-    assert published[0]() is None
-
-
-def test_decode_after_a_failed_decode_equals_reference(wan21: tuple[Any, Tensor, Tensor]) -> None:
-    vae, z, reference = wan21
-    decoder = WanChunkedDecoder(vae)
-
-    def on_chunk(chunk: Tensor) -> None:
-        raise RuntimeError("consumer gone")
-
-    with pytest.raises(RuntimeError):
-        decoder.decode_with_chunks(z, on_chunk=on_chunk)
-    assert torch.equal(torch.cat(collect(decoder, z), dim=2), reference)
+# Streams over one module
 
 
 def test_two_adapters_over_one_module_decode_interleaved_and_both_exactly(
@@ -338,6 +220,90 @@ def test_iter_chunks_decodes_only_the_latent_frames_asked_for(wan21: tuple[Any, 
         chunks.close()
     assert calls[0] == 2  # two latent frames asked for, two decoded; closing decoded nothing more
     assert torch.equal(torch.cat([first, second], dim=2), reference[:, :, :5])
+
+
+# Latents in pieces
+
+SPLITS = {"frame-by-frame": [1, 1, 1, 1, 1], "uneven": [2, 3], "long-first": [3, 1, 1], "whole": [5]}
+
+
+def decode_pieces(decoder: WanChunkedDecoder, pieces: list[Tensor]) -> Tensor:
+    """Feed ``pieces`` to one stream; each piece of t latent frames gives t chunks, the end none."""
+    batch, _, _, height, width = pieces[0].shape
+    state = decoder.start(batch, height, width)
+    chunks: list[Tensor] = []
+    for piece in pieces:
+        made = list(decoder.feed(state, piece))
+        assert len(made) == piece.shape[2]
+        chunks += made
+    assert list(decoder.end(state)) == []
+    return torch.cat(chunks, dim=2)
+
+
+@pytest.mark.parametrize("sizes", list(SPLITS.values()), ids=list(SPLITS))
+def test_frames_from_any_split_equal_decoding_the_concatenated_latent(
+    family: tuple[Any, Tensor, Tensor], sizes: list[int]
+) -> None:
+    vae, z, expected = family
+    assert torch.equal(decode_pieces(WanChunkedDecoder(vae), list(z.split(sizes, dim=2))), expected)
+
+
+@pytest.mark.parametrize("make_vae", list(FAMILIES.values()), ids=list(FAMILIES))
+def test_pieces_with_slicing_and_tiling_equal_the_whole_decode(make_vae: Callable[[], Any]) -> None:
+    vae = make_vae()
+    vae.enable_slicing()
+    z = latent(vae, batch=2, frames=3, h=4, w=4)
+    assert torch.equal(
+        decode_pieces(WanChunkedDecoder(vae), list(z.split([2, 1], dim=2))), reference_decode(vae, z)
+    )
+    enable_small_tiling(vae)
+    vae.disable_slicing()
+    z = latent(vae, frames=3, h=6, w=7)
+    assert torch.equal(
+        decode_pieces(WanChunkedDecoder(vae), list(z.split([1, 2], dim=2))), tiled_reference(vae, z)
+    )
+
+
+def test_two_streams_on_one_module_interleaved_each_equal_their_own_decode(
+    wan21: tuple[Any, Tensor, Tensor],
+) -> None:
+    vae, z, expected = wan21
+    other_z = latent(vae, batch=2, frames=3, h=4, w=6, seed=7)
+    decoder = WanChunkedDecoder(vae)
+    one, other = decoder.start(1, 4, 4), decoder.start(2, 4, 6)
+    one_chunks: list[Tensor] = []
+    other_chunks: list[Tensor] = []
+    for one_piece, other_piece in zip(z.split([2, 3], dim=2), other_z.split([1, 2], dim=2), strict=True):
+        # step by step, alternating: each stream's caches are its own
+        steps = zip_longest(decoder.feed(one, one_piece), decoder.feed(other, other_piece))
+        for one_chunk, other_chunk in steps:
+            one_chunks += [] if one_chunk is None else [one_chunk]
+            other_chunks += [] if other_chunk is None else [other_chunk]
+    assert list(decoder.end(one)) == list(decoder.end(other)) == []
+    assert torch.equal(torch.cat(one_chunks, dim=2), expected)
+    assert torch.equal(torch.cat(other_chunks, dim=2), reference_decode(vae, other_z))
+
+
+def test_a_stream_refuses_mismatched_pieces_and_use_after_its_end(wan21: tuple[Any, Tensor, Tensor]) -> None:
+    vae, z, _ = wan21
+    decoder = WanChunkedDecoder(vae)
+    state = decoder.start(1, 4, 4)
+    with pytest.raises(ValueError, match=re.escape("piece of the stream's latent [1, 16, frames, 4, 4]")):
+        decoder.feed(state, latent(vae, frames=1, h=4, w=6))
+    with pytest.raises(ValueError, match="16 latent channels"):
+        decoder.feed(state, torch.zeros(1, 8, 1, 4, 4))
+    with pytest.raises(ValueError, match="belongs to another decoder"):
+        WanChunkedDecoder(vae).feed(state, z)
+    steps = decoder.feed(state, z)
+    next(steps)
+    steps.close()  # a piece left half decoded: its caches no longer match a next piece
+    with pytest.raises(ValueError, match=re.escape("not decoded to its end (1 of 5 latent frames)")):
+        decoder.feed(state, z)
+    assert list(decoder.end(state)) == list(decoder.end(state)) == []
+    with pytest.raises(ValueError, match="stream has ended"):
+        decoder.feed(state, z)
+    with pytest.raises(ValueError, match="height must be a positive int, got 0"):
+        decoder.start(1, 0, 4)
 
 
 # Construction, registry and latents
@@ -387,11 +353,6 @@ def test_prepare_latents_and_decode_reject_malformed_latents(
         decoder.prepare_latents(torch.zeros(shape))
     with pytest.raises(ValueError, match=message):
         decoder.decode_with_chunks(torch.zeros(shape), on_chunk=lambda chunk: None)
-
-
-def test_prepare_latents_rejects_a_non_tensor(wan21: tuple[Any, Tensor, Tensor]) -> None:
-    with pytest.raises(TypeError, match="z must be a torch.Tensor"):
-        WanChunkedDecoder(wan21[0]).prepare_latents([[0.0]])  # type: ignore[arg-type]
 
 
 def test_prepare_latents_casts_to_the_vae_dtype_and_device(wan21: tuple[Any, Tensor, Tensor]) -> None:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from streamvae import quantize_chunk, quantize_chunk_yuv420
-from streamvae.quantize import ChunkQuantizer, PixelPath
+from streamvae._quantize import ChunkQuantizer, PixelPath
 from tests._media import moving_pattern
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from streamvae._encode import EntryEncoder, open_containers
 from streamvae.demo import demo_latent, demo_vae
-from streamvae.encode import EntryEncoder, open_containers
 from streamvae.models import chunked_decoder
 from streamvae.server import VideoRequest, create_app
 from streamvae.server._admission import Admission, Ticket

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from streamvae import ChunkedVideoMP4Session, SessionClosedError
+from streamvae._encode import EntryEncoder, open_containers
 from streamvae._pipeline import StagePipeline
-from streamvae.encode import EntryEncoder, open_containers
 from tests._media import (
     DETERMINISTIC_X264,
     foreign_threads,

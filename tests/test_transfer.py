@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from streamvae import ChunkTransferStats, PinnedChunkRing, RingAbortedError
-from streamvae.transfer import host_lease
+from streamvae._transfer import host_lease
 
 pytestmark = pytest.mark.anyio
 
@@ -246,7 +246,7 @@ async def test_teardown_after_a_sticky_cuda_error_gives_every_slot_back_without_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.cuda
 async def test_cuda_copy_stream_is_one_high_priority_stream_per_device() -> None:
-    from streamvae.transfer import _copy_stream
+    from streamvae._transfer import _copy_stream
 
     device = torch.device("cuda", 0)
     stream = _copy_stream(device)

@@ -21,10 +21,10 @@ import anyio
 import numpy as np
 from torch import Tensor
 
+from streamvae._encode import OutputKind, PixelFormat, as_fps, check_video_codec, check_waveform
 from streamvae._errors import ArgumentTypeError, check_int
 from streamvae._output_file import check_output_files
-from streamvae.encode import OutputKind, PixelFormat, as_fps, check_video_codec, check_waveform
-from streamvae.quantize import check_value_range
+from streamvae._quantize import check_value_range
 
 __all__ = ["NonFinite", "SessionOptions"]
 

@@ -32,12 +32,12 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from torch import Tensor
 
+from streamvae._encode import EntryEncoder, PixelFormat
 from streamvae._errors import RingAbortedError
 from streamvae._options import SessionOptions
+from streamvae._quantize import ChunkQuantizer
 from streamvae._sinks import EntrySink, MP4ByteStream, watch_readers
-from streamvae.encode import EntryEncoder, PixelFormat
-from streamvae.quantize import ChunkQuantizer
-from streamvae.transfer import ChunkLease, PinnedChunkRing, host_lease
+from streamvae._transfer import ChunkLease, PinnedChunkRing, host_lease
 
 __all__ = ["StagePipeline", "StageSpan"]
 

@@ -25,14 +25,14 @@ import torch
 from anyio.streams.memory import MemoryObjectSendStream
 from torch import Tensor
 
+from streamvae._encode import EntryEncoder, OutputKind, PixelFormat
 from streamvae._errors import SessionClosedError, check_int
 from streamvae._failure import FailureRecord
 from streamvae._options import NonFinite, SessionOptions
 from streamvae._pipeline import StagePipeline, StageSpan
+from streamvae._quantize import check_chunk
 from streamvae._sinks import Arrivals, EntrySink, MP4ByteStream
-from streamvae.encode import EntryEncoder, OutputKind, PixelFormat
-from streamvae.quantize import check_chunk
-from streamvae.transfer import ChunkTransferStats, PinnedChunkRing
+from streamvae._transfer import ChunkTransferStats, PinnedChunkRing
 
 __all__ = ["ChunkedVideoMP4Session"]
 

@@ -32,9 +32,12 @@ class SupportsChunkedVAEDecode(Protocol):
     drain, ``ChunkPublisher(drain=True)``) or at a step boundary all ranks agree on
     (:class:`streamvae.distributed.ShardedWanDecoder` does this) — and then the first error is re-raised.
 
-    Optional attributes that :func:`streamvae.decode_to_mp4` uses when present: ``latent_channels`` (int),
-    ``is_output_rank`` (bool, default True), and ``prepare_latents(z) -> Tensor``, which validates a latent
-    and casts it to the decoder's dtype and device.
+    :class:`streamvae.models.ChunkedDecoder` implements it and completes it (latent checks and casts, the
+    step API, the accelerate hook); :func:`streamvae.models.as_decoder` wraps any other implementation in a
+    :class:`streamvae.models.ProtocolDecoder`, which uses these optional attributes when present:
+    ``latent_channels`` (int), ``is_output_rank`` (bool, default True), and ``prepare_latents(z) ->
+    Tensor``, which validates a latent and casts it to the decoder's dtype and device. Check an
+    implementation with :func:`streamvae.testing.check_chunked_decoder`.
     """
 
     chunk_value_range: tuple[float, float]

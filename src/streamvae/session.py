@@ -18,6 +18,9 @@ __all__ = [
     "read_entries",
 ]
 
+_PUBLIC = "import the public names from streamvae (leak checks from streamvae.testing)"
 warnings.warn(
-    "streamvae.session is deprecated: import its names from streamvae", DeprecationWarning, stacklevel=2
+    f"streamvae.session is deprecated and goes away in the next release: {_PUBLIC}",
+    DeprecationWarning,
+    stacklevel=2,
 )

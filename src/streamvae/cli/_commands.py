@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 
 from streamvae import SessionOptions
+from streamvae._decode import as_chunked_decoder
 from streamvae.cli._inputs import CliError, expected_frames, load_latents, load_vae, output_paths, read_wav
 from streamvae.cli._runner import DecodeJob
-from streamvae.decode import as_chunked_decoder
 
 
 def session_options(args: argparse.Namespace, vae: Any, **extra: Any) -> SessionOptions:

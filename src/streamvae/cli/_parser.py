@@ -12,9 +12,9 @@ from typing import NoReturn
 
 import torch
 
+from streamvae._encode import as_fps
 from streamvae.cli._commands import decode_job, demo_job, run_job, serve
 from streamvae.cli._inputs import CliError
-from streamvae.encode import as_fps
 
 _X264_PRESETS = (
     "ultrafast",

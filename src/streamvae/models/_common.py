@@ -1,10 +1,8 @@
-"""What the HunyuanVideo, LTX and CogVideoX adapters share: the decode entry point with its rules, and the
-overlapping-window walk of HunyuanVideo and LTX.
+"""Arithmetic the family adapters share: where ``vae.decode`` runs, when it tiles, how it blends tiles,
+and the overlapping-window walk of HunyuanVideo and LTX.
 
-:class:`ChunkedDecoder` owns the parts of :meth:`decode_with_chunks` that do not depend on the model: latent
-checks, accelerate's forward hook, batch slicing and the failure rule. A family adapter subclasses it and
-writes one generator, ``_entry_chunks``, that decodes a latent step by step and yields each final chunk; a
-``yield`` is a step boundary, so a failed ``on_chunk`` stops the decode there.
+Each helper repeats one piece of diffusers' own decode, operation for operation, so an adapter that streams
+a decode step by step reproduces it bit for bit.
 """
 
 from __future__ import annotations
@@ -15,82 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from streamvae.protocol import check_latents, publish_chunks
-
-__all__ = ["ChunkedDecoder", "check_latents", "execution_device", "overlapping_window_chunks"]
-
-
-class ChunkedDecoder:
-    """Base of the single-process adapters: implements :class:`streamvae.SupportsChunkedVAEDecode`.
-
-    Subclasses set ``chunk_value_range`` and implement :meth:`_entry_chunks`. ``vae`` is used as it is: same
-    module, same weights, same settings (``use_slicing``, ``use_tiling``, window sizes) read at each decode.
-    """
-
-    vae: Any
-    chunk_value_range: tuple[float, float] = (-1.0, 1.0)
-    is_output_rank: bool = True
-
-    def __init__(self, vae: Any, *, vae_classes: tuple[type, ...]) -> None:
-        if not isinstance(vae, vae_classes):
-            names = " or ".join(cls.__name__ for cls in vae_classes)
-            raise TypeError(
-                f"{type(self).__name__} wraps a diffusers {names}, "
-                f"got {type(vae).__module__}.{type(vae).__qualname__}"
-            )
-        self.vae = vae
-        self.latent_channels = int(self.vae.config["latent_channels"])
-
-    def prepare_latents(self, z: Tensor) -> Tensor:
-        """Check that ``z`` is a latent this VAE decodes and return it in the VAE's dtype, on its device.
-
-        The device is the one the VAE runs on: the offload device when the weights are offloaded (they may
-        sit on the CPU or the meta device until the hook moves them), else the device of the weights. Raises
-        :class:`ValueError` naming the expected form for a latent that is not 5-D, has the wrong channel
-        count, or is empty.
-        """
-        self._check_latents(z)
-        return z.to(device=execution_device(self.vae), dtype=self.vae.dtype)
-
-    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
-        """Decode ``z`` ([batch, latent_channels, frames, height, width]) and publish each final chunk.
-
-        The chunks concatenated along T equal ``vae.decode(z).sample`` with the instance's settings. The
-        VAE's forward hook (accelerate offload) runs once, as it does around ``vae.decode``. With
-        ``vae.use_slicing`` and batch > 1 the entries are decoded one at a time, as ``vae.decode`` does,
-        and each published chunk still holds the whole batch. When ``on_chunk`` raises, the decode stops at
-        the next step boundary, no chunk is retained, and the error is re-raised; the instance is left as it
-        was and decodes correctly afterwards. Chunks may be views of a window the decode still reads (to
-        blend the next one): treat them as read-only.
-        """
-        self._check_latents(z)
-        with torch.no_grad():
-            hook = getattr(self.vae, "_hf_hook", None)
-            if hook is not None and hasattr(hook, "pre_forward"):
-                hook.pre_forward(self.vae)  # what diffusers' apply_forward_hook does around decode
-            publish_chunks(self._batch_chunks(z), on_chunk)
-
-    def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
-        """Yield the final chunks of ``z``, which holds the batch entries ``entries`` of the whole latent."""
-        raise NotImplementedError
-
-    def _batch_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
-        batch = z.shape[0]
-        if not (getattr(self.vae, "use_slicing", False) and batch > 1):
-            yield from self._entry_chunks(z, slice(None))
-            return
-        # One walk per entry, stepped together: each step decodes every entry alone, as vae.decode does,
-        # and publishes the step's frames for the whole batch.
-        walks = [self._entry_chunks(z[b : b + 1], slice(b, b + 1)) for b in range(batch)]
-        try:
-            for step in zip(*walks, strict=True):
-                yield torch.cat(step)
-        finally:
-            for walk in walks:
-                walk.close()
-
-    def _check_latents(self, z: Tensor) -> None:
-        check_latents(z, self.latent_channels, owner=type(self).__name__)
+__all__ = ["blend_tiles", "execution_device", "overlapping_window_chunks", "uses_spatial_tiling"]
 
 
 def execution_device(vae: Any) -> torch.device:
@@ -104,6 +27,46 @@ def execution_device(vae: Any) -> torch.device:
                 return torch.device(device)
         return torch.device(vae.device)
     return get_module_execution_device(vae)
+
+
+def uses_spatial_tiling(
+    vae: Any, height: int, width: int, *, latent_tile: tuple[int, int] | None = None
+) -> bool:
+    """The condition under which ``vae.decode`` switches to ``tiled_decode`` for a latent of this size.
+
+    ``vae.use_tiling`` and a latent larger than one tile, whose latent size is
+    ``tile_sample_min_{height,width} // spatial_compression_ratio`` unless the family keeps its own
+    (``latent_tile``: CogVideoX's ``tile_latent_min_{height,width}``).
+    """
+    if latent_tile is None:
+        ratio = int(vae.spatial_compression_ratio)
+        latent_tile = (int(vae.tile_sample_min_height) // ratio, int(vae.tile_sample_min_width) // ratio)
+    tile_height, tile_width = latent_tile
+    return bool(vae.use_tiling and (height > tile_height or width > tile_width))
+
+
+def blend_tiles(
+    vae: Any, rows: list[list[Tensor]], *, blend: tuple[int, int], keep: tuple[int, int]
+) -> Tensor:
+    """diffusers' ``tiled_decode`` blend: one tensor from decoded tiles, row-major.
+
+    Each tile takes ``blend`` (rows, columns) from the tile above and to its left — already blended, since
+    ``vae.blend_v`` / ``vae.blend_h`` write in place — and keeps its first ``keep`` rows and columns. The
+    blend is elementwise per frame, so blending one frame's tiles gives that frame of the whole blend.
+    """
+    blend_height, blend_width = blend
+    keep_height, keep_width = keep
+    result_rows = []
+    for i, row in enumerate(rows):
+        result_row = []
+        for j, tile in enumerate(row):
+            if i > 0:
+                tile = vae.blend_v(rows[i - 1][j], tile, blend_height)
+            if j > 0:
+                tile = vae.blend_h(row[j - 1], tile, blend_width)
+            result_row.append(tile[:, :, :, :keep_height, :keep_width])
+        result_rows.append(torch.cat(result_row, dim=4))
+    return torch.cat(result_rows, dim=3)
 
 
 def overlapping_window_chunks(

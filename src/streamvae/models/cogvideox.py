@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Generator, Iterator
 
-import torch
 from diffusers.models.autoencoders.autoencoder_kl_cogvideox import AutoencoderKLCogVideoX
 from torch import Tensor
 
-from streamvae.models._common import ChunkedDecoder
+from streamvae.models._base import ChunkedDecoder
+from streamvae.models._common import blend_tiles, uses_spatial_tiling
 
 __all__ = ["CogVideoXChunkedDecoder"]
 
@@ -34,15 +34,13 @@ class CogVideoXChunkedDecoder(ChunkedDecoder):
     """
 
     vae: AutoencoderKLCogVideoX
-    chunk_value_range = (-1.0, 1.0)
+    vae_classes = (AutoencoderKLCogVideoX,)
+    channels_key = "latent_channels"
 
-    def __init__(self, vae: AutoencoderKLCogVideoX) -> None:
-        super().__init__(vae, vae_classes=(AutoencoderKLCogVideoX,))
-
-    def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+    def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         vae = self.vae
-        height, width = z.shape[-2:]
-        if vae.use_tiling and (width > vae.tile_latent_min_width or height > vae.tile_latent_min_height):
+        latent_tile = (vae.tile_latent_min_height, vae.tile_latent_min_width)  # CogVideoX keeps its own
+        if uses_spatial_tiling(vae, z.shape[-2], z.shape[-1], latent_tile=latent_tile):
             yield from self._tiled_batches(z)
             return
         conv_cache = None
@@ -89,15 +87,9 @@ class CogVideoXChunkedDecoder(ChunkedDecoder):
                     row.append(tile)
                 rows.append(row)
 
-            # diffusers' blend: each tile takes the (already blended) tile above and to its left.
-            result_rows = []
-            for i, row in enumerate(rows):
-                result_row = []
-                for j, tile in enumerate(row):
-                    if i > 0:
-                        tile = vae.blend_v(rows[i - 1][j], tile, blend_extent_height)
-                    if j > 0:
-                        tile = vae.blend_h(row[j - 1], tile, blend_extent_width)
-                    result_row.append(tile[:, :, :, :row_limit_height, :row_limit_width])
-                result_rows.append(torch.cat(result_row, dim=4))
-            yield torch.cat(result_rows, dim=3)
+            yield blend_tiles(
+                vae,
+                rows,
+                blend=(blend_extent_height, blend_extent_width),
+                keep=(row_limit_height, row_limit_width),
+            )

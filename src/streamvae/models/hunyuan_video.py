@@ -21,7 +21,8 @@ from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import Autoencod
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor
 
-from streamvae.models._common import ChunkedDecoder, overlapping_window_chunks
+from streamvae.models._base import ChunkedDecoder
+from streamvae.models._common import overlapping_window_chunks, uses_spatial_tiling
 
 __all__ = ["HunyuanVideoChunkedDecoder"]
 
@@ -35,12 +36,10 @@ class HunyuanVideoChunkedDecoder(ChunkedDecoder):
     """
 
     vae: AutoencoderKLHunyuanVideo
-    chunk_value_range = (-1.0, 1.0)
+    vae_classes = (AutoencoderKLHunyuanVideo,)
+    channels_key = "latent_channels"
 
-    def __init__(self, vae: AutoencoderKLHunyuanVideo) -> None:
-        super().__init__(vae, vae_classes=(AutoencoderKLHunyuanVideo,))
-
-    def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+    def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         vae = self.vae
         min_window_latents = vae.tile_sample_min_num_frames // vae.temporal_compression_ratio
         if vae.use_framewise_decoding and z.shape[2] > min_window_latents:
@@ -51,10 +50,8 @@ class HunyuanVideoChunkedDecoder(ChunkedDecoder):
     def _decode_window(self, z: Tensor, first: bool) -> Tensor:
         """Decode latent frames ``z`` in one decoder call (spatially tiled if large), as diffusers does."""
         vae = self.vae
-        tile_latent_min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
-        tile_latent_min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
         decoded: Tensor
-        if vae.use_tiling and (z.shape[-1] > tile_latent_min_width or z.shape[-2] > tile_latent_min_height):
+        if uses_spatial_tiling(vae, z.shape[-2], z.shape[-1]):
             decoded = cast(DecoderOutput, vae.tiled_decode(z, return_dict=True)).sample
         else:
             decoded = vae.decoder(vae.post_quant_conv(z))

@@ -24,7 +24,8 @@ from diffusers.models.autoencoders.autoencoder_kl_ltx import AutoencoderKLLTXVid
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor
 
-from streamvae.models._common import ChunkedDecoder, overlapping_window_chunks
+from streamvae.models._base import ChunkedDecoder
+from streamvae.models._common import overlapping_window_chunks, uses_spatial_tiling
 
 try:
     from diffusers.models.autoencoders.autoencoder_kl_ltx2 import AutoencoderKLLTX2Video
@@ -52,7 +53,8 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
     """
 
     vae: AutoencoderKLLTXVideo | AutoencoderKLLTX2Video
-    chunk_value_range = (-1.0, 1.0)
+    vae_classes = _LTX_CLASSES
+    channels_key = "latent_channels"
 
     def __init__(
         self,
@@ -61,7 +63,7 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
         temb: Tensor | None = None,
         causal: bool | None = None,
     ) -> None:
-        super().__init__(vae, vae_classes=_LTX_CLASSES)
+        super().__init__(vae)
         self.temb = temb
         self._decoder_kwargs: dict[str, Any] = {}
         if "causal" in inspect.signature(vae.decode).parameters:
@@ -69,7 +71,7 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
         elif causal is not None:
             raise TypeError(f"{type(vae).__name__}.decode takes no 'causal' argument (LTX-2 only)")
 
-    def _entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+    def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         vae = self.vae
         temb = self.temb
         if temb is not None and temb.ndim > 0 and temb.shape[0] > 1:
@@ -87,10 +89,8 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
     def _decode_window(self, z: Tensor, temb: Tensor | None, first: bool) -> Tensor:
         """Decode latent frames ``z`` in one decoder call (spatially tiled if large), as diffusers does."""
         vae = self.vae
-        tile_latent_min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
-        tile_latent_min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
         decoded: Tensor
-        if vae.use_tiling and (z.shape[-1] > tile_latent_min_width or z.shape[-2] > tile_latent_min_height):
+        if uses_spatial_tiling(vae, z.shape[-2], z.shape[-1]):
             decoded = cast(
                 DecoderOutput, vae.tiled_decode(z, temb, return_dict=True, **self._decoder_kwargs)
             ).sample

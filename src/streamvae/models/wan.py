@@ -8,16 +8,16 @@ as it is decoded.
 
 :class:`WanChunkedDecoder` runs exactly the operations of ``vae.decode`` in the same order, per latent frame,
 and publishes each latent frame's frames as one chunk: concatenated, the chunks are ``torch.equal`` to
-``vae.decode(z).sample``, including with ``use_slicing`` and ``use_tiling``. It keeps its decoder caches to
-itself (never the module's ``_feat_map``), so adapters over one module, or a decode after a failed one, do
-not interfere.
+``vae.decode(z).sample``, including with ``use_slicing`` and ``use_tiling``. Its decoder caches belong to a
+stream's :class:`~streamvae.models.DecodeState` (never the module's ``_feat_map``), so a latent may arrive
+in pieces, and streams over one module, or a decode after a failed one, do not interfere.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
-from dataclasses import dataclass
-from typing import Any, TypeAlias
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, cast
 
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
@@ -27,8 +27,9 @@ from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, WanCausalConv3d, unpatchify
 from torch import Tensor
 
-from streamvae.models._common import execution_device
-from streamvae.protocol import check_latents, publish_chunks
+from streamvae.models._base import ChunkedDecoder, DecodeState
+from streamvae.models._common import blend_tiles, execution_device, uses_spatial_tiling
+from streamvae.protocol import check_latents
 
 __all__ = ["WanChunkedDecoder", "WanFamilyVAE", "denormalize_wan_latents"]
 
@@ -63,7 +64,7 @@ def denormalize_wan_latents(vae: WanFamilyVAE, latents: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class _TileGrid:
-    """The tile layout of ``tiled_decode`` for one latent size, read from the VAE once per decode.
+    """The tile layout of ``tiled_decode`` for one latent size, read from the VAE once per stream.
 
     Sample sizes are in the decoder's output space: patched (``1/patch_size``) for Wan 2.2.
     """
@@ -80,105 +81,91 @@ class _TileGrid:
     sample_width: int
 
 
-@dataclass
-class _Lane:
-    """One batch slice decoded together: the whole batch, or a single entry under ``use_slicing``."""
+@dataclass(eq=False)
+class _WanState(DecodeState):
+    """A Wan stream: the tile grid (None when untiled) and one decoder cache per lane and tile."""
 
-    latent: Tensor  # after post_quant_conv when untiled (as _decode); raw when tiled (as tiled_decode)
-    caches: list[list[Any]]  # one decoder cache per tile, row-major; a single one when untiled
+    grid: _TileGrid | None = None
+    # (lane, its caches): a lane is the batch slice decoded together (the whole batch, or one entry under
+    # use_slicing); it has one cache per tile, row-major (a single one when untiled)
+    lanes: list[tuple[slice, list[list[Any]]]] = field(default_factory=list)
 
 
-class WanChunkedDecoder:
+class WanChunkedDecoder(ChunkedDecoder):
     """Streams the decode of an ``AutoencoderKLWan`` or ``AutoencoderKLQwenImage`` one latent frame at a time.
 
-    Implements :class:`streamvae.SupportsChunkedVAEDecode` for the instance the user already has (same
-    module, same weights; nothing is copied or reloaded). Each chunk is BCTHW in ``[-1, 1]``: 1 frame for
-    the first latent frame, 4 for each later one. The chunks concatenated along T are ``torch.equal`` to
-    ``vae.decode(z).sample`` for the same module settings (``use_slicing``, ``use_tiling`` and the tile
-    sizes), read once when a decode starts.
-
-    ``drain=False`` (a single process) stops decoding at the next latent-frame boundary once ``on_chunk``
-    has failed. ``drain=True`` keeps running every step without publishing, for a distributed decoder
-    whose peers wait on this rank in collectives; such a decoder can also drive :meth:`iter_chunks` itself.
+    For the instance the user already has (same module, same weights; nothing is copied or reloaded). Each
+    chunk is BCTHW in ``[-1, 1]``: 1 frame for the first latent frame, 4 for each later one. The chunks
+    concatenated along T are ``torch.equal`` to ``vae.decode(z).sample`` for the same module settings
+    (``use_slicing``, ``use_tiling`` and the tile sizes), read once when a decode or stream starts. Latents
+    may arrive in pieces (:meth:`start`, :meth:`feed`, :meth:`end`): frames decoded from any split equal
+    ``vae.decode(torch.cat(pieces, dim=2)).sample``; a whole-latent decode is one piece. Latents must be
+    de-normalized first (:func:`denormalize_wan_latents`); :meth:`prepare_latents` casts them as the Wan
+    pipeline does.
 
     Memory: frame-major order keeps one decoder cache (the last two frames of every causal convolution) per
     tile and, under ``use_slicing``, per batch entry, where ``vae.decode`` keeps one at a time.
     """
 
-    chunk_value_range: tuple[float, float] = (-1.0, 1.0)
-    is_output_rank: bool = True
+    vae: WanFamilyVAE
+    vae_classes = (AutoencoderKLWan, AutoencoderKLQwenImage)
+    channels_key = "z_dim"
+    takes_pieces = True
 
     def __init__(self, vae: WanFamilyVAE, *, drain: bool = False) -> None:
-        if not isinstance(vae, (AutoencoderKLWan, AutoencoderKLQwenImage)):
-            raise TypeError(
-                f"WanChunkedDecoder wraps a diffusers AutoencoderKLWan or AutoencoderKLQwenImage, "
-                f"got {type(vae).__module__}.{type(vae).__qualname__}"
-            )
-        self.vae = vae
-        self.latent_channels = int(vae.config["z_dim"])
-        self.drain = drain
+        super().__init__(vae, drain=drain)
         # Wan 2.2's decoder needs to know which call holds the first latent frame; Qwen-Image's takes no flag.
         self._takes_first_chunk = isinstance(vae, AutoencoderKLWan)
         self._patch_size: int | None = vae.config.get("patch_size")  # Wan 2.2: 2; Qwen-Image has none
 
-    def prepare_latents(self, z: Tensor) -> Tensor:
-        """Validate a latent and cast it to the VAE's dtype and execution device, as the Wan pipeline does.
+    def start(self, batch: int, height: int, width: int) -> DecodeState:
+        """Begin a stream of latent pieces [batch, z_dim, t, height, width]; ``use_slicing`` and
+        ``use_tiling`` are read now."""
+        for name, size in (("batch", batch), ("height", height), ("width", width)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"{type(self).__name__}.start: {name} must be a positive int, got {size!r}")
+        grid = self._tile_grid(height, width) if uses_spatial_tiling(self.vae, height, width) else None
+        tiles = 1 if grid is None else len(grid.row_starts) * len(grid.col_starts)
+        size = self._cache_size()
+        lanes = [(entries, [[None] * size for _ in range(tiles)]) for entries in self.entry_slices(batch)]
+        return _WanState(owner=self, batch=batch, height=height, width=width, grid=grid, lanes=lanes)
 
-        ``z`` must already be de-normalized (see :func:`denormalize_wan_latents`). Raises ValueError naming
-        ``z`` and the expected shape unless it is a non-empty [B, z_dim, T, H, W] tensor.
-        """
-        check_latents(z, self.latent_channels, owner=type(self).__name__)
-        return z.to(execution_device(self.vae), dtype=self.vae.dtype)
-
-    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
-        """Decode ``z`` [B, z_dim, T, H, W] and hand each latent frame's final frames to ``on_chunk``.
-
-        ``on_chunk`` is called T times with BCTHW chunks unless it raises: then it is not called again, no
-        chunk is kept alive, decoding stops before the next latent frame (or, with ``drain=True``, runs to
-        the end unpublished) and the error is re-raised. The instance is reusable afterwards. Like
-        ``vae.decode``, ``z`` is not cast: use :meth:`prepare_latents` first.
-        """
-        publish_chunks(self.iter_chunks(z), on_chunk, drain=self.drain)
-
-    def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
-        """Run the decode step by step: yields the final chunk of each latent frame, in order.
-
-        Runs the VAE's accelerate forward hook (``vae._hf_hook.pre_forward``, which moves offloaded weights)
-        once, now, as ``vae.decode`` does. Each latent frame is decoded only when its chunk is requested, so
-        a consumer that stops iterating stops decoding at a latent-frame boundary. Close the iterator to free
-        the decoder caches at once. No chunk is retained by the iterator after it is yielded.
-        """
-        check_latents(z, self.latent_channels, owner=type(self).__name__)
-        # What diffusers' apply_forward_hook does around vae.decode (it never calls post_forward).
-        hook = getattr(self.vae, "_hf_hook", None)
-        if hook is not None and hasattr(hook, "pre_forward"):
-            hook.pre_forward(self.vae)
-        return self._steps(z)
-
-    def _steps(self, z: Tensor) -> Generator[Tensor, None, None]:
-        vae = self.vae
-        grid = self._tile_grid(z) if self._uses_tiling(z) else None
-        # vae.decode splits the batch into entries under use_slicing; each entry decodes on its own.
-        batch = z.shape[0]
-        slices = [z[b : b + 1] for b in range(batch)] if vae.use_slicing and batch > 1 else [z]
-        lanes = [self._start_lane(z_slice, grid) for z_slice in slices]
+    def piece_chunks(self, state: DecodeState, z: Tensor) -> Generator[Tensor, None, None]:
+        assert isinstance(state, _WanState)
+        if state.grid is None:  # post_quant_conv over the piece, as _decode does over the whole latent
+            latents = [self.vae.post_quant_conv(z[entries]) for entries, _ in state.lanes]
+        else:  # tiled_decode runs it per tile
+            latents = [z[entries] for entries, _ in state.lanes]
         for k in range(z.shape[2]):
-            yield self._decode_latent_frame(lanes, grid, k)
+            yield self._decode_frame(state, [latent[:, :, k : k + 1] for latent in latents])
 
-    def _uses_tiling(self, z: Tensor) -> bool:
-        """The condition under which ``vae.decode`` (its ``_decode``) switches to ``tiled_decode``."""
-        vae = self.vae
-        height, width = z.shape[-2:]
-        tile_latent_min_height = vae.tile_sample_min_height // vae.spatial_compression_ratio
-        tile_latent_min_width = vae.tile_sample_min_width // vae.spatial_compression_ratio
-        return bool(vae.use_tiling and (width > tile_latent_min_width or height > tile_latent_min_height))
+    def _decode_frame(self, state: _WanState, frames: list[Tensor]) -> Tensor:
+        """Decode one latent frame of every lane; one chunk for the whole batch."""
+        first = state.decoded == 0
+        outputs = [
+            self._decode_lane_frame(frame, caches, state.grid, first)
+            for frame, (_, caches) in zip(frames, state.lanes, strict=True)
+        ]
+        state.decoded += 1
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # as vae.decode joins slices
 
-    def _tile_grid(self, z: Tensor) -> _TileGrid:
+    def end_chunks(self, state: DecodeState) -> Iterator[Tensor]:
+        assert isinstance(state, _WanState)
+        state.lanes.clear()  # every frame was final when decoded: nothing to flush, only caches to free
+        return iter(())
+
+    def _cache_size(self) -> int:
+        """The size of the module's own cache (clear_cache): one slot per causal conv of the decoder."""
+        counts = getattr(self.vae, "_cached_conv_counts", None)
+        if counts is not None:
+            return int(counts["decoder"])
+        return sum(isinstance(m, _CAUSAL_CONVS) for m in self.vae.decoder.modules())
+
+    def _tile_grid(self, height: int, width: int) -> _TileGrid:
         """The arithmetic of ``tiled_decode``, unchanged (patch_size 1 where the VAE has none)."""
         vae = self.vae
         patch = self._patch_size or 1
-        height, width = z.shape[-2:]
-        ratio = vae.spatial_compression_ratio
+        ratio = cast(int, vae.spatial_compression_ratio)
         latent_stride_height = vae.tile_sample_stride_height // ratio
         latent_stride_width = vae.tile_sample_stride_width // ratio
         stride_height = vae.tile_sample_stride_height // patch
@@ -196,58 +183,30 @@ class WanChunkedDecoder:
             sample_width=width * ratio // patch,
         )
 
-    # no_grad on each step, never across a yield: grad mode is thread state the consumer would inherit.
-    @torch.no_grad()
-    def _start_lane(self, z_slice: Tensor, grid: _TileGrid | None) -> _Lane:
-        # The size of the module's own cache (clear_cache): one slot per causal conv of the decoder.
-        counts = getattr(self.vae, "_cached_conv_counts", None)
-        if counts is not None:
-            cache_size = int(counts["decoder"])
-        else:
-            cache_size = sum(isinstance(m, _CAUSAL_CONVS) for m in self.vae.decoder.modules())
+    def _decode_lane_frame(
+        self, frame: Tensor, caches: list[list[Any]], grid: _TileGrid | None, first: bool
+    ) -> Tensor:
+        """Decode one latent frame of one lane: one decoder call, or one per tile blended as tiled_decode."""
         if grid is None:
-            return _Lane(latent=self.vae.post_quant_conv(z_slice), caches=[[None] * cache_size])
-        tiles = len(grid.row_starts) * len(grid.col_starts)
-        return _Lane(latent=z_slice, caches=[[None] * cache_size for _ in range(tiles)])
-
-    @torch.no_grad()
-    def _decode_latent_frame(self, lanes: list[_Lane], grid: _TileGrid | None, k: int) -> Tensor:
-        """Decode latent frame ``k`` of every lane; one BCTHW chunk for the whole batch."""
-        outputs = [self._decode_lane_frame(lane, grid, k) for lane in lanes]
-        if len(outputs) == 1:
-            return outputs[0]
-        return torch.cat(outputs)  # as vae.decode joins the slices
-
-    def _decode_lane_frame(self, lane: _Lane, grid: _TileGrid | None, k: int) -> Tensor:
-        if grid is None:
-            out = self._decoder_step(lane.latent[:, :, k : k + 1], lane.caches[0], first_chunk=(k == 0))
-            return self._to_pixels(out)
+            return self._to_pixels(self._decoder_step(frame, caches[0], first_chunk=first))
 
         vae = self.vae
         rows: list[list[Tensor]] = []
-        caches = iter(lane.caches)
+        tile_caches = iter(caches)
+        height, width = grid.latent_height, grid.latent_width
         for i in grid.row_starts:
             row = []
             for j in grid.col_starts:
-                tile = lane.latent[:, :, k : k + 1, i : i + grid.latent_height, j : j + grid.latent_width]
-                tile = vae.post_quant_conv(tile)
-                row.append(self._decoder_step(tile, next(caches), first_chunk=(k == 0)))
+                tile = vae.post_quant_conv(frame[:, :, :, i : i + height, j : j + width])
+                row.append(self._decoder_step(tile, next(tile_caches), first_chunk=first))
             rows.append(row)
-
-        # tiled_decode's blend, on this frame only: blending is per position, so per frame it is the same.
-        # It writes in place, so each tile blends with its upper and left neighbours already blended.
-        result_rows = []
-        for i, row in enumerate(rows):
-            result_row = []
-            for j, tile in enumerate(row):
-                if i > 0:
-                    tile = vae.blend_v(rows[i - 1][j], tile, grid.blend_height)
-                if j > 0:
-                    tile = vae.blend_h(row[j - 1], tile, grid.blend_width)
-                result_row.append(tile[:, :, :, : grid.stride_height, : grid.stride_width])
-            result_rows.append(torch.cat(result_row, dim=-1))
-        out = torch.cat(result_rows, dim=3)[:, :, :, : grid.sample_height, : grid.sample_width]
-        return self._to_pixels(out)
+        out = blend_tiles(
+            vae,
+            rows,
+            blend=(grid.blend_height, grid.blend_width),
+            keep=(grid.stride_height, grid.stride_width),
+        )
+        return self._to_pixels(out[:, :, :, : grid.sample_height, : grid.sample_width])
 
     def _decoder_step(self, x: Tensor, cache: list[Any], *, first_chunk: bool) -> Tensor:
         """One decoder call for one latent frame; a fresh ``feat_idx`` each call, as ``_decode`` resets it."""

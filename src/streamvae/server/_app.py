@@ -26,10 +26,10 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 from torch import Tensor
 
+from streamvae._decode import as_chunked_decoder, stream_mp4
+from streamvae._encode import open_containers
 from streamvae._options import SessionOptions
-from streamvae.decode import as_chunked_decoder, stream_mp4
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
-from streamvae.encode import open_containers
 from streamvae.server._admission import Admission, Outcome
 
 logger = logging.getLogger("streamvae.server")

@@ -1,0 +1,399 @@
+"""Encode: one MP4 per batch entry, H.264 (or another FFmpeg codec) with an optional AAC track.
+
+An :class:`EntryEncoder` is driven from a worker thread, one call per transferred chunk. It never crosses
+into the event loop: the bytes the muxer writes are collected in memory and handed back as the return
+value of :meth:`EntryEncoder.encode` / :meth:`EntryEncoder.finish`, between frames — PyAV swallows a
+``BaseException`` raised inside a ``write()`` callback and would "complete" a truncated file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import io
+import os
+import threading
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal
+
+import av
+import numpy as np
+from av.video.reformatter import ColorRange, Colorspace
+
+from streamvae._output_file import OutputFile
+
+__all__ = [
+    "EntryEncoder",
+    "OutputKind",
+    "PixelFormat",
+    "as_fps",
+    "check_video_codec",
+    "check_waveform",
+    "default_codec_options",
+    "merge_codec_options",
+    "open_containers",
+]
+
+PixelFormat = Literal["rgb24", "yuv420p"]
+#: ``"mp4"``: one complete MP4 with the moov at the front, available at the end.
+#: ``"fragmented"``: fragmented MP4 (moov first, then a fragment per keyframe), available as it is written.
+OutputKind = Literal["mp4", "fragmented"]
+
+# FFmpeg's AVCOL_* codes for BT.709 primaries / transfer / matrix, and limited ("MPEG") range.
+_BT709 = 1
+_LIMITED_RANGE = 1
+
+_FRAGMENT_FLAGS = "frag_keyframe+empty_moov+default_base_moof"
+
+
+def default_codec_options(codec: str) -> dict[str, str]:
+    """Options that keep an x264/x265 encode up with a GPU decode: crf 18, veryfast, a bounded thread count.
+
+    The thread count is ``min(4, cores)``; pin ``threads`` yourself for byte-identical output across machines.
+    """
+    if codec not in {"libx264", "libx265"}:
+        return {}
+    return {"crf": "18", "preset": "veryfast", "threads": str(min(4, os.cpu_count() or 1))}
+
+
+@functools.cache
+def _codec_option_names(codec: str) -> frozenset[str]:
+    options = av.codec.CodecContext.create(codec, "w").supported_options
+    return frozenset(option.name for option in (*options.generic, *options.private))
+
+
+def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -> None:
+    """Raise ValueError unless ``codec`` names a video encoder of this PyAV build and every key of
+    ``options`` is an option that encoder has (FFmpeg would silently ignore an unknown one)."""
+    if not isinstance(codec, str) or not codec:
+        raise ValueError(f"video_codec must be an FFmpeg video encoder name such as 'libx264', got {codec!r}")
+    try:
+        kind = av.codec.Codec(codec, "w").type
+    except av.codec.codec.UnknownCodecError:
+        raise ValueError(
+            f"video_codec {codec!r} is not an encoder of this PyAV build "
+            f"(FFmpeg {av.ffmpeg_version_info}); try 'libx264'"
+        ) from None
+    if kind != "video":
+        raise ValueError(f"video_codec {codec!r} is an {kind} encoder, not a video encoder; try 'libx264'")
+    known = _codec_option_names(codec)
+    for name in options or {}:
+        if name not in known:
+            nearest = difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean {' or '.join(map(repr, nearest))}?" if nearest else ""
+            raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
+
+
+#: Encoders that copy each input picture inside ``encode()`` (x264_encoder_encode / x265_encoder_encode copy
+#: it into their own frames), so a frame may wrap memory the caller reuses as soon as the call returns.
+_COPYING_ENCODERS = frozenset({"libx264", "libx265"})
+
+# Options that choose another rate control than the default crf (x264 would let crf win over them).
+_RATE_CONTROL_OPTIONS = {"qp", "b", "bitrate", "cqp"}
+
+
+def merge_codec_options(codec: str, options: Mapping[str, str] | None) -> dict[str, str]:
+    """The user's codec options over :func:`default_codec_options`; the default crf is left out when the
+    user picked another rate control (``qp``, ``b``), which x264 would otherwise ignore in favour of crf."""
+    merged = default_codec_options(codec)
+    options = dict(options or {})
+    if _RATE_CONTROL_OPTIONS & options.keys():
+        merged.pop("crf", None)
+    return {**merged, **options}
+
+
+#: The frame rates a session accepts. Outside them the MP4 time base is not representable (1e-4 fps rounds
+#: to 0 with denominators up to 1001) or FFmpeg's muxer writes a file its own demuxer reads wrongly.
+MIN_FPS, MAX_FPS = Fraction(1, 1000), Fraction(1000)
+
+
+def as_fps(fps: object) -> Fraction:
+    """``fps`` as an exact rational (23.976 → 2997/125, 30000/1001 stays), or ValueError unless it is a
+    number between 1/1000 and 1000."""
+    if isinstance(fps, bool) or not isinstance(fps, (int, float, Fraction)):
+        raise ValueError(f"fps must be a number of frames per second, got {fps!r}")
+    if fps != fps or not MIN_FPS <= fps <= MAX_FPS:
+        raise ValueError(f"fps must be a number between 1/1000 and 1000 frames per second, got {fps!r}")
+    return Fraction(fps).limit_denominator(1001)
+
+
+def check_waveform(waveform: object, *, name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
+    """A waveform as float32 ``[channels, samples]`` (1 or 2 channels), or a ValueError naming ``name``."""
+    if hasattr(waveform, "detach"):  # a torch tensor
+        waveform = waveform.detach().cpu().float().numpy()  # type: ignore[attr-defined]
+    if not isinstance(waveform, np.ndarray) or not np.issubdtype(waveform.dtype, np.floating):
+        raise ValueError(f"{name} must be a float array or tensor [samples] or [channels, samples]")
+    if waveform.ndim == 1:
+        waveform = waveform[None]
+    if waveform.ndim != 2 or waveform.shape[0] not in (1, 2):
+        raise ValueError(
+            f"{name} must be 1-D [samples] or 2-D [channels, samples] with 1 or 2 channels, "
+            f"got shape {tuple(waveform.shape)}"
+        )
+    waveform = np.ascontiguousarray(waveform, dtype=np.float32)
+    bad = int(waveform.size - np.count_nonzero(np.isfinite(waveform)))
+    if bad:
+        raise ValueError(f"{name} must be finite, but {bad} of its {waveform.size} samples are NaN or ±inf")
+    return waveform
+
+
+_open_containers = 0
+_open_containers_lock = threading.Lock()
+
+
+def open_containers() -> int:
+    """MP4 containers open in this process right now (a leak check for tests and servers)."""
+    return _open_containers
+
+
+class _ByteCollector:
+    """A write-only, non-seekable file for PyAV: it keeps what the muxer writes until taken."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def write(self, data: bytes) -> int:
+        self._parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        data, self._parts = b"".join(self._parts), []
+        return data
+
+
+def _faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.BytesIO]:
+    """The ``io_open`` of a plain MP4 written into ``memory``.
+
+    faststart rewrites the file to move the moov up front: FFmpeg reopens it for reading, and a snapshot of
+    what was written so far is exactly what that second pass reads. A closure over the buffer alone: a bound
+    method of the encoder would make encoder → stream → container → encoder a cycle that only the garbage
+    collector frees: a server then grew by the x264 state of every MP4 it had written.
+    """
+
+    def io_open(url: str, flags: int, options: object) -> io.BytesIO:
+        if flags & 2:  # AVIO_FLAG_WRITE
+            return memory
+        return io.BytesIO(memory.getvalue())
+
+    return io_open
+
+
+class EntryEncoder:
+    """The MP4 of one batch entry, written frame by frame from a worker thread.
+
+    Frames arrive as uint8 arrays, ``[T, H, W, 3]`` (rgb24, converted to BT.709 yuv420p by swscale) or
+    ``[T, H * 3 // 2, W]`` (planar yuv420p, BT.709 limited range, used as is). The container opens with the
+    first frames and is always closed, by :meth:`finish` or :meth:`close`. Audio, when given, is muxed
+    interleaved with the video as frames arrive, trimmed or padded with silence to the video's duration,
+    both tracks starting at 0. With ``file``, the MP4 is also written to that path, which holds either
+    the complete file (after :meth:`finish`) or what it held before (see :class:`OutputFile`).
+
+    Not thread-safe: one caller at a time (the session gives each entry its own task).
+    """
+
+    def __init__(
+        self,
+        *,
+        fps: Fraction,
+        pixel_format: PixelFormat = "rgb24",
+        video_codec: str = "libx264",
+        video_codec_options: Mapping[str, str] | None = None,
+        audio: np.ndarray[Any, np.dtype[np.float32]] | None = None,
+        audio_sample_rate: int | None = None,
+        output: OutputKind = "mp4",
+        keyframe_interval: int | None = None,
+        file: str | Path | None = None,
+    ) -> None:
+        self.fps = fps
+        self.pixel_format = pixel_format
+        self.video_codec = video_codec
+        self.codec_options = merge_codec_options(video_codec, video_codec_options)
+        if keyframe_interval is not None:
+            self.codec_options.setdefault("g", str(keyframe_interval))
+        self.output = output
+        self.file = Path(file) if file is not None else None
+        self._audio = audio
+        self._sample_rate = audio_sample_rate
+        self._audio_sent = 0
+        self.frames_encoded = 0
+        self.bytes_out = 0
+        self._container: Any = None
+        self._video: Any = None
+        self._audio_stream: Any = None
+        self._memory: io.BytesIO | None = None
+        self._collector: _ByteCollector | None = None
+        self._file: OutputFile | None = None
+        self._closed = False
+
+    # -- opening --
+
+    def _open(self, height: int, width: int) -> None:
+        container_options: dict[str, str] = {}
+        target: Any
+        io_open = None
+        if self.output == "fragmented":
+            # delay_moov: the moov waits for the first packets, so it carries the edit list that starts
+            # both tracks at 0 (x264's B-frame delay would otherwise shift the timeline in browsers).
+            container_options["movflags"] = _FRAGMENT_FLAGS + "+delay_moov"
+            target = self._collector = _ByteCollector()
+        else:
+            container_options["movflags"] = "+faststart"
+            target = self._memory = io.BytesIO()
+            io_open = _faststart_io_open(self._memory)
+        if self.file is not None:
+            self._file = OutputFile(self.file)
+            self._file.open()
+        global _open_containers
+        self._container = av.open(target, mode="w", format="mp4", options=container_options, io_open=io_open)
+        with _open_containers_lock:
+            _open_containers += 1
+        video = self._container.add_stream(self.video_codec, rate=self.fps, options=self.codec_options)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.codec_context.time_base = 1 / self.fps
+        context = video.codec_context
+        context.colorspace = context.color_primaries = context.color_trc = _BT709
+        context.color_range = _LIMITED_RANGE
+        self._video = video
+        if self._audio is not None:
+            layout = "mono" if self._audio.shape[0] == 1 else "stereo"
+            self._audio_stream = self._container.add_stream("aac", rate=self._sample_rate, layout=layout)
+
+    # -- encoding (worker thread) --
+
+    def encode(self, frames: np.ndarray[Any, Any]) -> bytes:
+        """Encode ``frames`` (see the class docstring) and return the output bytes ready to hand on."""
+        if self._closed:
+            raise RuntimeError("EntryEncoder.encode() after finish() or close()")
+        if self.pixel_format == "rgb24":
+            height, width = frames.shape[1], frames.shape[2]
+        else:
+            height, width = frames.shape[1] * 2 // 3, frames.shape[2]
+        if self._container is None:
+            self._open(height, width)
+        for array in frames:
+            frame = self._video_frame(array, height, width)
+            frame.pts = self.frames_encoded
+            self._mux(self._video.encode(frame))
+            self.frames_encoded += 1
+        self._send_audio(self._audio_samples_for(self.frames_encoded))
+        return self._take_output()
+
+    def _video_frame(self, array: np.ndarray[Any, Any], height: int, width: int) -> av.VideoFrame:
+        if self.pixel_format == "rgb24":
+            frame = av.VideoFrame.from_numpy_buffer(array, format="rgb24")
+            return frame.reformat(
+                format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG
+            )
+        if height % 4 == 0 and self.video_codec in _COPYING_ENCODERS:
+            # Zero-copy: PyAV wraps the slot in a refcounted buffer that FFmpeg references, and these
+            # encoders copy the picture before encode() returns, so the slot is free again after it.
+            frame = av.VideoFrame.from_numpy_buffer(array, format="yuv420p")
+        else:
+            # A frame PyAV owns: other encoders may keep a reference to the picture after encode()
+            # returns (and the ring reuses the slot then); and PyAV derives the height of a yuv420p
+            # buffer as rows // 6 * 4, exact only for heights % 4 == 0.
+            frame = av.VideoFrame(width, height, "yuv420p")
+            flat = array.reshape(-1)
+            luma, chroma = height * width, height * width // 4
+            for plane, data in zip(
+                frame.planes,
+                (flat[:luma], flat[luma : luma + chroma], flat[luma + chroma :]),
+                strict=True,
+            ):
+                rows = plane.height
+                plane_view = np.frombuffer(memoryview(plane), np.uint8).reshape(rows, plane.line_size)
+                plane_view[:, : plane.width] = data.reshape(rows, plane.width)
+        frame.colorspace = Colorspace.ITU709
+        frame.color_range = ColorRange.MPEG
+        return frame
+
+    def _audio_samples_for(self, frames: int) -> int:
+        if self._sample_rate is None:
+            return 0
+        return int(Fraction(frames) / self.fps * self._sample_rate)
+
+    def _send_audio(self, until: int) -> None:
+        """Encode audio samples up to sample index ``until``, padding with silence past the waveform."""
+        if self._audio_stream is None or self._audio is None or until <= self._audio_sent:
+            return
+        channels, available = self._audio.shape
+        start = self._audio_sent
+        piece = np.zeros((channels, until - start), dtype=np.float32)
+        if start < available:
+            real = self._audio[:, start:until]
+            piece[:, : real.shape[1]] = real
+        frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout="mono" if channels == 1 else "stereo")
+        assert self._sample_rate is not None
+        frame.sample_rate = self._sample_rate
+        frame.pts = start
+        frame.time_base = Fraction(1, self._sample_rate)
+        self._mux(self._audio_stream.encode(frame))
+        self._audio_sent = until
+
+    def _mux(self, packets: list[Any]) -> None:
+        if packets:
+            self._container.mux(packets)
+
+    def _take_output(self) -> bytes:
+        data = self._collector.take() if self._collector is not None else b""
+        if data and self._file is not None:
+            self._file.write(data)
+        self.bytes_out += len(data)
+        return data
+
+    def finish(self) -> bytes:
+        """Flush the encoders, write the trailer and close; return the remaining output bytes.
+
+        For ``output="mp4"`` that is the whole file (it is only complete once the moov is written).
+        """
+        if self._closed:
+            raise RuntimeError("EntryEncoder.finish() called twice")
+        if self._container is None:
+            raise RuntimeError("EntryEncoder.finish() before any frame was encoded")
+        try:
+            self._mux(self._video.encode(None))
+            if self._audio_stream is not None:
+                self._send_audio(self._audio_samples_for(self.frames_encoded))
+                self._mux(self._audio_stream.encode(None))
+        finally:
+            self._close_container()
+        if self._memory is not None:
+            data = self._memory.getvalue()
+            if self._file is not None:
+                self._file.write(data)
+            self.bytes_out += len(data)
+        else:
+            data = self._take_output()
+        self._memory = self._collector = None  # handed over: keep no copy
+        if self._file is not None:
+            self._file.commit()  # the file appears at its path, complete, only now
+        return data
+
+    def close(self) -> None:
+        """Close the container without finishing (abort); the output file's path keeps what it had before
+        (only the temporary file is removed).
+
+        Idempotent, and a no-op after :meth:`finish`.
+        """
+        self._close_container()
+        self._memory = self._collector = None  # an aborted output is nobody's
+        self._close_file()
+
+    def _close_container(self) -> None:
+        global _open_containers
+        self._closed = True
+        container, self._container = self._container, None
+        if container is not None:
+            with _open_containers_lock:
+                _open_containers -= 1
+            container.close()
+        # The streams hold the container and its codecs (x264's buffers and threads): let them go now,
+        # not whenever this encoder is dropped.
+        self._video = self._audio_stream = None
+
+    def _close_file(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.abort()  # a no-op once committed

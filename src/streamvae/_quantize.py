@@ -1,0 +1,230 @@
+"""Quantize: float video chunks to the 8-bit pixels an encoder takes, on the chunk's own device.
+
+Two pixel paths. ``rgb24`` gives BTHWC uint8 (what ``quantize_chunk`` returns), which PyAV converts to
+yuv420p with swscale on the host. ``yuv420p`` converts on the device to planar BT.709 limited-range 4:2:0
+(2×2 chroma average), so the host receives half the bytes and builds frames without any conversion — that
+pays where the device is a GPU, whose conversion is free for the host.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ChunkQuantizer",
+    "PixelPath",
+    "check_chunk",
+    "check_value_range",
+    "quantize_chunk",
+    "quantize_chunk_yuv420",
+]
+
+PixelPath = Literal["rgb24", "yuv420p"]
+
+# BT.709 luma weights; limited ("TV") range puts Y in [16, 235] and Cb/Cr in [16, 240].
+_KR, _KB = 0.2126, 0.0722
+_KG = 1.0 - _KR - _KB
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+# Scratch elements a CPU band holds for its RGB (~1 MiB of float32): cache-sized, and few enough bands per
+# frame that per-operation overhead stays small.
+_CPU_BAND_ELEMENTS = 1 << 18
+
+
+def check_value_range(value_range: object) -> tuple[float, float]:
+    """Return ``value_range`` as two floats, or raise ValueError if it is not an increasing pair."""
+    try:
+        low, high = (float(v) for v in value_range)  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        raise ValueError(f"value_range must be a pair (low, high) of numbers, got {value_range!r}") from None
+    # Quantize computes in float32: both ends, and the span it divides by, must be finite there.
+    low32, high32 = (float(torch.tensor(v, dtype=torch.float32)) for v in (low, high))
+    if not all(math.isfinite(v) and abs(v) <= _FLOAT32_MAX for v in (low, high)):
+        raise ValueError(
+            f"value_range must be two finite numbers within float32's range (±{_FLOAT32_MAX:.4g}), "
+            f"got {value_range!r}"
+        )
+    if not low32 < high32:
+        raise ValueError(f"value_range must be increasing in float32 (low < high), got {value_range!r}")
+    span = float(torch.tensor(high32 - low32, dtype=torch.float32))
+    if not (math.isfinite(span) and math.isfinite(float(torch.tensor(255.0 / span, dtype=torch.float32)))):
+        raise ValueError(
+            f"value_range's span high - low must be finite in float32 and not vanishingly small "
+            f"(between {255 / _FLOAT32_MAX:.3g} and {_FLOAT32_MAX:.4g}), got {value_range!r}"
+        )
+    return low, high
+
+
+def check_chunk(chunk: object) -> Tensor:
+    if not isinstance(chunk, Tensor):
+        raise TypeError(f"chunk must be a torch.Tensor, got {type(chunk).__name__}")
+    if chunk.ndim != 5:
+        raise ValueError(
+            f"chunk must be 5-D [batch, channels, frames, height, width], got shape {tuple(chunk.shape)}"
+        )
+    if not chunk.is_floating_point():
+        raise ValueError(f"chunk must be floating point (fp32, fp16 or bf16), got {chunk.dtype}")
+    if chunk.shape[1] != 3:
+        raise ValueError(f"chunk must have 3 (RGB) channels in dim 1, got shape {tuple(chunk.shape)}")
+    return chunk
+
+
+class ChunkQuantizer:
+    """Quantizes chunks into uint8 frames the caller provides, a band of rows at a time.
+
+    On the CPU the float32 arithmetic runs in a band-sized scratch buffer the quantizer keeps from chunk to
+    chunk, so quantizing allocates nothing the size of a chunk: per-chunk float32 temporaries (4 bytes a
+    value) are what kept each worker thread's malloc arena tens of MB large. On other devices a band is a
+    batch entry's whole chunk, and its scratch comes from the device's caching allocator on each call.
+
+    Results are those of :func:`quantize_chunk` and :func:`quantize_chunk_yuv420`, bit for bit. Use one
+    quantizer per stream of chunks, from one thread at a time.
+    """
+
+    def __init__(self, value_range: tuple[float, float], pixel_format: PixelPath = "rgb24") -> None:
+        if pixel_format not in ("rgb24", "yuv420p"):
+            raise ValueError(f"pixel_format must be 'rgb24' or 'yuv420p', got {pixel_format!r}")
+        low, high = check_value_range(value_range)
+        # The ends as float32 holds them, and the span between those: values are clamped in float32, so a
+        # span taken from the float64 ends would put float32's ``high`` off 1 — below it (no top level)
+        # or above it (wrapping past 255) for ends float32 cannot hold, like (128, 128.001).
+        low, high = (float(torch.tensor(end, dtype=torch.float32)) for end in (low, high))
+        self.value_range = (low, high)
+        self._scale = 1.0 / (high - low)
+        self.pixel_format: PixelPath = pixel_format
+        self._scratch: Tensor | None = None  # kept between calls on the CPU only
+
+    def frame_shape(self, height: int, width: int) -> tuple[int, ...]:
+        """The shape of one quantized frame: ``(H, W, 3)`` for rgb24, ``(H * 3 // 2, W)`` for yuv420p."""
+        return (height * 3 // 2, width) if self.pixel_format == "yuv420p" else (height, width, 3)
+
+    def quantize_into(self, chunk: Tensor, out: Tensor, nan_count: Tensor | None = None) -> None:
+        """Quantize BCTHW ``chunk`` into ``out``: ``[B, T, *frame_shape]`` uint8 on the chunk's device.
+
+        ``out`` may be a view (a range of frames of a bigger buffer) as long as each frame is contiguous.
+        With ``nan_count`` (an int64 scalar tensor on the chunk's device), the number of NaN values in the
+        chunk is added to it on the device, without waiting for the device.
+        """
+        batch, _, frames, height, width = check_chunk(chunk).shape
+        if self.pixel_format == "yuv420p" and (height % 2 or width % 2):
+            raise ValueError(f"yuv420p needs an even height and width, got {height}×{width}")
+        expected = (batch, frames, *self.frame_shape(height, width))
+        if out.dtype != torch.uint8 or tuple(out.shape) != expected or out.device != chunk.device:
+            raise ValueError(
+                f"out must be uint8 of shape {expected} on {chunk.device}, "
+                f"got {out.dtype} {tuple(out.shape)} on {out.device}"
+            )
+        on_cpu = chunk.device.type == "cpu"
+        # A band of rows (even, for 4:2:0) of one frame on the CPU; a batch entry's whole chunk elsewhere.
+        rows = min(height, max(2, _CPU_BAND_ELEMENTS // max(1, 3 * width) // 2 * 2)) if on_cpu else height
+        step = 1 if on_cpu else frames
+        band = self._band_into_yuv420 if self.pixel_format == "yuv420p" else self._band_into_rgb
+        with torch.no_grad():
+            for entry in range(batch):
+                for t in range(0, frames, step):
+                    for top in range(0, height, rows):
+                        band(chunk, out, nan_count, entry, slice(t, t + step), slice(top, top + rows))
+        if not on_cpu:
+            self._scratch = None
+
+    def _unit_band(
+        self, chunk: Tensor, entry: int, ts: slice, ys: slice, floats: int
+    ) -> tuple[Tensor, Tensor]:
+        """The band's RGB as float32 ``[3, t, rows, W]`` in [0, 1] (clamped) and ``floats`` more scratch."""
+        low, high = self.value_range
+        source = chunk[entry, :, ts, ys]
+        size = source.numel()
+        scratch = self._scratch
+        if scratch is None or scratch.numel() < size + floats or scratch.device != chunk.device:
+            scratch = self._scratch = torch.empty(size + floats, dtype=torch.float32, device=chunk.device)
+        # fp32 arithmetic: bf16 has 8 significant bits, too few to scale to 255 levels and round exactly.
+        x = scratch[:size].view(source.shape).copy_(source)
+        x.clamp_(low, high).sub_(low).mul_(self._scale)
+        return x, scratch[size : size + floats]
+
+    @staticmethod
+    def _count_nan(x: Tensor, nan_count: Tensor | None) -> None:
+        if nan_count is None:
+            return
+        # On the CPU a sum (one read, no temporary; clamped values are finite) tells whether the band holds
+        # NaN, and only such a band is counted. Elsewhere always count: a branch would wait for the device.
+        if x.device.type != "cpu" or bool(x.sum().isnan()):
+            nan_count.add_(torch.isnan(x).sum())
+
+    def _band_into_rgb(
+        self, chunk: Tensor, out: Tensor, nan_count: Tensor | None, entry: int, ts: slice, ys: slice
+    ) -> None:
+        x, _ = self._unit_band(chunk, entry, ts, ys, 0)
+        x.mul_(255.0).round_()
+        self._count_nan(x, nan_count)
+        out[entry, ts, ys].copy_(x.permute(1, 2, 3, 0))
+
+    def _band_into_yuv420(
+        self, chunk: Tensor, out: Tensor, nan_count: Tensor | None, entry: int, ts: slice, ys: slice
+    ) -> None:
+        _, _, _, height, width = chunk.shape
+        _, frames, rows, _ = chunk[entry, :, ts, ys].shape
+        full, half = frames * rows * width, frames * rows * width // 4
+        x, more = self._unit_band(chunk, entry, ts, ys, 2 * full + 5 * half)
+        self._count_nan(x, nan_count)
+        y, tmp = (more[i * full : (i + 1) * full].view(frames, rows, width) for i in range(2))
+        rest = more[2 * full :]
+        chroma = rest[: 3 * half].view(3, frames, rows // 2, width // 2)
+        luma, part = (
+            rest[(3 + i) * half : (4 + i) * half].view(frames, rows // 2, width // 2) for i in range(2)
+        )
+        # The same operations, in the same order, as quantize_chunk_yuv420 always did: bit-exact results.
+        r, g, b = x.unbind(0)
+        _weighted_sum(r, g, b, out=y, tmp=tmp)
+        y.mul_(219.0).add_(16.0).round_().clamp_(0, 255)
+        # 2×2 box average of RGB per chroma sample.
+        torch.mean(x.view(3, frames, rows // 2, 2, width // 2, 2), dim=(3, 5), out=chroma)
+        hr, hg, hb = chroma.unbind(0)
+        _weighted_sum(hr, hg, hb, out=luma, tmp=part)
+        planes = out[entry, ts].view(frames, -1)
+        area, top = height * width, (ys.start or 0) // 2
+        u_plane = planes[:, area : area + area // 4].view(frames, height // 2, width // 2)
+        v_plane = planes[:, area + area // 4 :].view(frames, height // 2, width // 2)
+        planes[:, :area].view(frames, height, width)[:, ys].copy_(y)
+        for plane, colour, scale in ((u_plane, hb, 1.0 - _KB), (v_plane, hr, 1.0 - _KR)):
+            torch.sub(colour, luma, out=part)
+            part.mul_(224.0 / (2.0 * scale)).add_(128.0).round_().clamp_(0, 255)
+            plane[:, top : top + rows // 2].copy_(part)
+
+
+def _weighted_sum(r: Tensor, g: Tensor, b: Tensor, *, out: Tensor, tmp: Tensor) -> None:
+    """``out = _KR * r + _KG * g + _KB * b`` in that order of float32 operations, without temporaries."""
+    torch.mul(r, _KR, out=out)
+    out.add_(torch.mul(g, _KG, out=tmp))
+    out.add_(torch.mul(b, _KB, out=tmp))
+
+
+def quantize_chunk(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
+    """BCTHW float in ``value_range`` → contiguous BTHWC uint8 (rgb24) on the same device.
+
+    Values are clamped to ``value_range``, scaled to 0–255 and rounded to the nearest level.
+    """
+    return _quantize(chunk, value_range, "rgb24")
+
+
+def quantize_chunk_yuv420(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
+    """BCTHW float in ``value_range`` → planar yuv420p frames, ``[B, T, H * 3 // 2, W]`` uint8, same device.
+
+    Each frame is the I420 layout PyAV's ``VideoFrame.from_numpy_buffer(format="yuv420p")`` reads: the Y plane
+    (H×W), then U and V (H/2×W/2 each). BT.709 coefficients, limited range; chroma is the 2×2 average of
+    the RGB values (the transform is linear, so this equals averaging the full-resolution chroma).
+    Height and width must be even.
+    """
+    return _quantize(chunk, value_range, "yuv420p")
+
+
+def _quantize(chunk: Tensor, value_range: tuple[float, float], pixel_format: PixelPath) -> Tensor:
+    batch, _, frames, height, width = check_chunk(chunk).shape
+    quantizer = ChunkQuantizer(value_range, pixel_format)
+    shape = (batch, frames, *quantizer.frame_shape(height, width))
+    out = torch.empty(shape, dtype=torch.uint8, device=chunk.device)
+    quantizer.quantize_into(chunk, out)
+    return out

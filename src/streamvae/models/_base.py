@@ -1,0 +1,309 @@
+"""The adapter base: what every chunked decoder shares, so a model family is one generator of chunks.
+
+:class:`ChunkedDecoder` completes :class:`streamvae.SupportsChunkedVAEDecode`: latent checks and casts, the
+accelerate forward hook, batch slicing, the failure rule and the step API (:meth:`~ChunkedDecoder.iter_chunks`
+for a whole latent; :meth:`~ChunkedDecoder.start` / :meth:`~ChunkedDecoder.feed` /
+:meth:`~ChunkedDecoder.end` for latents that arrive in pieces). :class:`ProtocolDecoder` gives the same
+surface to a decoder that implements only the protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from streamvae.models._common import execution_device
+from streamvae.protocol import SupportsChunkedVAEDecode, check_latents, publish_chunks
+
+__all__ = ["PIECEWISE_CLASSES", "ChunkedDecoder", "DecodeState", "ProtocolDecoder"]
+
+#: the diffusers VAE classes whose adapter decodes latents that arrive in pieces (causal across calls)
+PIECEWISE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLQwenImage")
+
+
+@dataclass(eq=False)
+class DecodeState:
+    """One stream's step state (:meth:`ChunkedDecoder.start`): its shape, its progress, its caches.
+
+    The caches belong to the state, never to the module, so many streams can run on one module.
+    """
+
+    owner: ChunkedDecoder  # the decoder that started it; only that one feeds it
+    batch: int
+    height: int  # latent rows and columns every piece must have
+    width: int
+    fed: int = 0  # latent frames fed so far
+    decoded: int = 0  # latent frames decoded so far (== fed once a piece's chunks are all taken)
+    ended: bool = False
+
+
+class ChunkedDecoder:
+    """Base of every chunked decoder; implements :class:`streamvae.SupportsChunkedVAEDecode`.
+
+    A model family subclasses it and writes one generator, :meth:`entry_chunks`, that decodes a latent step
+    by step and yields each final chunk (a ``yield`` is a step boundary). A family whose decoder is causal
+    across calls (Wan) writes :meth:`start` and :meth:`piece_chunks` instead and sets ``takes_pieces``;
+    its whole-latent decode then runs through the same code. ``vae`` is used as it is: same module, same
+    weights, same settings (``use_slicing``, ``use_tiling``, window sizes) read at each decode.
+
+    ``drain=False`` (a single process) stops decoding at the next step boundary once ``on_chunk`` has
+    failed; ``drain=True`` runs every remaining step unpublished, for a distributed decoder whose peers
+    wait on this rank in collectives.
+    """
+
+    #: the value range of published chunks
+    chunk_value_range: tuple[float, float] = (-1.0, 1.0)
+    #: the diffusers classes a family adapter wraps (empty: any object, or none)
+    vae_classes: ClassVar[tuple[type, ...]] = ()
+    #: the ``vae.config`` key holding the latent channel count, read when none is given
+    channels_key: ClassVar[str | None] = None
+    #: whether :meth:`start` / :meth:`feed` / :meth:`end` decode latents that arrive in pieces
+    takes_pieces: ClassVar[bool] = False
+
+    def __init__(self, vae: Any = None, *, latent_channels: int | None = None, drain: bool = False) -> None:
+        if self.vae_classes and not isinstance(vae, self.vae_classes):
+            names = " or ".join(cls.__name__ for cls in self.vae_classes)
+            raise TypeError(
+                f"{type(self).__name__} wraps a diffusers {names}, "
+                f"got {type(vae).__module__}.{type(vae).__qualname__}"
+            )
+        if latent_channels is None and self.channels_key is not None:
+            latent_channels = int(vae.config[self.channels_key])
+        #: the wrapped module (its hook runs once per decode), or None
+        self.vae: Any = vae
+        #: latent channels in dim 1, or None when any count is accepted
+        self.latent_channels: int | None = latent_channels
+        #: whether a failed ``on_chunk`` lets the decode run to its end (a distributed decoder) or stops it
+        self.drain = drain
+
+    @property
+    def is_output_rank(self) -> bool:
+        """True where ``on_chunk`` is called: always, but on a distributed decoder's other ranks."""
+        return True
+
+    # Latents
+
+    def check_latents(self, z: object, *, owner: str | None = None) -> None:
+        """Raise TypeError (not a tensor) or ValueError (not 5-D, wrong channel count, empty) naming ``z``.
+
+        Reads shapes only, never tensor data, so it may run on an event loop. ``owner`` prefixes the
+        message (default: the class name).
+        """
+        check_latents(z, self.latent_channels, owner=owner or type(self).__name__)
+
+    def prepare_latents(self, z: Tensor) -> Tensor:
+        """Check ``z`` (:meth:`check_latents`) and return it in the VAE's dtype, on its execution device.
+
+        The device is the one the VAE runs on: the offload device when the weights are offloaded (they may
+        sit on the CPU or the meta device until the hook moves them), else the device of the weights. It
+        may wait for a device copy: call it in the decode's thread. Without a VAE, ``z`` is returned as is.
+        """
+        self.check_latents(z)
+        if self.vae is None:
+            return z
+        return z.to(device=execution_device(self.vae), dtype=self.vae.dtype)
+
+    # Whole latents
+
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        """Decode ``z`` [batch, latent_channels, frames, height, width] and publish each final chunk.
+
+        The chunks concatenated along T equal the family's ``vae.decode(z).sample`` with the instance's
+        settings. With ``vae.use_slicing`` and batch > 1 the entries decode one at a time, as
+        ``vae.decode`` does, and each chunk still holds the whole batch. When ``on_chunk`` raises, it is
+        not called again, no chunk is retained, the decode stops at the next step boundary (or, with
+        ``drain``, runs to the end unpublished) and the error is re-raised; the instance decodes correctly
+        afterwards. ``z`` is not cast (:meth:`prepare_latents` does that). Chunks may be views of a window
+        the decode still reads (to blend the next one): treat them as read-only.
+        """
+        publish_chunks(self.iter_chunks(z), on_chunk, drain=self.drain)
+
+    def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
+        """Run the decode step by step: a generator of the final chunks of ``z``, in order.
+
+        Checks ``z`` and runs the VAE's forward hook once, now, as ``vae.decode`` does. Each step runs only
+        when its chunk is requested, so a consumer that stops iterating stops decoding at a step boundary;
+        closing the generator frees the decode's caches at once. The generator keeps no chunk it yielded.
+        Steps run without autograd, the consumer's code between them in its own grad mode.
+        """
+        self.check_latents(z)
+        if self.takes_pieces:
+            state = self.start(z.shape[0], z.shape[3], z.shape[4])
+            return self._whole_latent(state, self.feed(state, z))
+        self.run_forward_hook()
+        return _without_grad(self._batch_chunks(z))
+
+    def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+        """What a family writes: yield the final chunks of ``z``, the batch entries ``entries`` of the latent.
+
+        Called once per decode, or once per entry with ``vae.use_slicing`` (the base steps the entries
+        together and joins each step's chunks). Runs under ``torch.no_grad``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements no entry_chunks")
+
+    def entry_slices(self, batch: int) -> list[slice]:
+        """The batch slices ``vae.decode`` decodes apart: one per entry with ``use_slicing``, else one."""
+        if batch > 1 and getattr(self.vae, "use_slicing", False):
+            return [slice(b, b + 1) for b in range(batch)]
+        return [slice(None)]
+
+    def run_forward_hook(self) -> None:
+        """Run the accelerate hook's ``pre_forward`` (offloading moves the weights there), as diffusers'
+        ``apply_forward_hook`` does around ``decode``; it never calls ``post_forward``."""
+        hook = getattr(self.vae, "_hf_hook", None)
+        if hook is not None and hasattr(hook, "pre_forward"):
+            hook.pre_forward(self.vae)
+
+    def _batch_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
+        slices = self.entry_slices(z.shape[0])
+        if len(slices) == 1:
+            yield from self.entry_chunks(z, slices[0])
+            return
+        # One walk per entry, stepped together: each step decodes every entry alone, as vae.decode does,
+        # and publishes the step's frames for the whole batch.
+        walks = [self.entry_chunks(z[entries], entries) for entries in slices]
+        try:
+            for step in zip(*walks, strict=True):
+                yield torch.cat(step)
+        finally:
+            for walk in walks:
+                walk.close()
+
+    # Latents in pieces
+
+    def start(self, batch: int, height: int, width: int) -> DecodeState:
+        """Begin a stream of latent pieces [batch, latent_channels, t, height, width]; returns its state.
+
+        Frames decoded from any split of a latent equal the decode of the whole. Raises TypeError for a
+        family whose decoder is not causal across calls: its output depends on latents still to come.
+        """
+        raise TypeError(
+            f"{type(self).__name__} cannot decode latents in pieces (its decoder is not causal across "
+            f"calls); pieces work for the adapters of {', '.join(PIECEWISE_CLASSES)}"
+        )
+
+    def feed(self, state: DecodeState, z: Tensor) -> Generator[Tensor, None, None]:
+        """Decode the next piece ``z`` of ``state``'s stream: a generator of the chunks it makes final.
+
+        Checks the piece and runs the VAE's forward hook, now. Take every chunk of a piece before feeding
+        the next; a piece whose generator was closed early leaves the state able only to :meth:`end`.
+        """
+        self._check_open(state)
+        self.check_latents(z)
+        if (z.shape[0], *z.shape[3:]) != (state.batch, state.height, state.width):
+            channels = "channels" if self.latent_channels is None else self.latent_channels
+            raise ValueError(
+                f"{type(self).__name__}: z must be a piece of the stream's latent [{state.batch}, "
+                f"{channels}, frames, {state.height}, {state.width}], got shape {tuple(z.shape)}"
+            )
+        if state.decoded != state.fed:
+            raise ValueError(
+                f"{type(self).__name__}: the previous piece was not decoded to its end "
+                f"({state.decoded} of {state.fed} latent frames); only end() is possible now"
+            )
+        state.fed += z.shape[2]
+        self.run_forward_hook()
+        return _without_grad(self.piece_chunks(state, z))
+
+    def end(self, state: DecodeState) -> Iterator[Tensor]:
+        """End ``state``'s stream: frees its caches now and gives any chunks still held back (none for Wan).
+
+        Ending an ended stream gives nothing.
+        """
+        self._check_owner(state)
+        if state.ended:
+            return iter(())
+        state.ended = True
+        return _without_grad(self.end_chunks(state))
+
+    def piece_chunks(self, state: DecodeState, z: Tensor) -> Generator[Tensor, None, None]:
+        """What a piece-taking family writes (with :meth:`start`): yield the chunks piece ``z`` makes final,
+        counting ``state.decoded`` as its latent frames are decoded. Called by :meth:`feed`, without autograd.
+        """
+        raise NotImplementedError(f"{type(self).__name__} implements no piece_chunks")
+
+    def end_chunks(self, state: DecodeState) -> Iterator[Tensor]:
+        """What a piece-taking family may write: free ``state``'s caches now and give the chunks it still
+        holds back (default: none). Called once, by :meth:`end`."""
+        return iter(())
+
+    def _check_owner(self, state: DecodeState) -> None:
+        if state.owner is not self:
+            raise ValueError(f"{type(self).__name__}: this state belongs to another decoder")
+
+    def _check_open(self, state: DecodeState) -> None:
+        self._check_owner(state)
+        if state.ended:
+            raise ValueError(f"{type(self).__name__}: this stream has ended; start() a new one")
+
+    def _whole_latent(
+        self, state: DecodeState, piece: Generator[Tensor, None, None]
+    ) -> Generator[Tensor, None, None]:
+        try:
+            yield from piece
+            yield from self.end(state)
+        finally:
+            piece.close()
+            self.end(state)  # a consumer that stopped early: free the caches now
+
+
+def _without_grad(chunks: Iterator[Tensor]) -> Generator[Tensor, None, None]:
+    """Run each step of ``chunks`` under ``torch.no_grad``, never across a ``yield``: grad mode is thread
+    state that the consumer's code between steps would otherwise inherit."""
+    step: list[Tensor] = []  # handed out by pop(), so the suspended frame never holds a yielded chunk
+    try:
+        while True:
+            with torch.no_grad():
+                try:
+                    step.append(next(chunks))
+                except StopIteration:
+                    return
+            yield step.pop()
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+class ProtocolDecoder(ChunkedDecoder):
+    """The base's surface for a decoder that implements only :class:`streamvae.SupportsChunkedVAEDecode`.
+
+    Its optional attributes are used when present (``latent_channels``, ``is_output_rank``,
+    ``prepare_latents``), else the defaults: any channel count, the output rank, a latent used as it is.
+    Latent checks run before the wrapped decoder sees ``z``. It cannot be stepped: :meth:`iter_chunks` and
+    :meth:`start` raise TypeError.
+    """
+
+    def __init__(self, decoder: SupportsChunkedVAEDecode) -> None:
+        if not isinstance(decoder, SupportsChunkedVAEDecode):
+            raise TypeError(
+                f"ProtocolDecoder wraps a SupportsChunkedVAEDecode (chunk_value_range and "
+                f"decode_with_chunks), got {type(decoder).__module__}.{type(decoder).__qualname__}"
+            )
+        super().__init__(latent_channels=getattr(decoder, "latent_channels", None))
+        #: the wrapped decoder
+        self.decoder = decoder
+        self.chunk_value_range = decoder.chunk_value_range
+
+    @property
+    def is_output_rank(self) -> bool:
+        return bool(getattr(self.decoder, "is_output_rank", True))
+
+    def prepare_latents(self, z: Tensor) -> Tensor:
+        self.check_latents(z)
+        prepare: Callable[[Tensor], Tensor] | None = getattr(self.decoder, "prepare_latents", None)
+        return z if prepare is None else prepare(z)
+
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        """Check ``z``, then let the wrapped decoder decode it (the failure rule is its own)."""
+        self.check_latents(z)
+        self.decoder.decode_with_chunks(z, on_chunk=on_chunk)
+
+    def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
+        raise TypeError(
+            f"{type(self.decoder).__qualname__} implements only decode_with_chunks: it cannot be stepped"
+        )
