@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import math
-import threading
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -86,17 +85,6 @@ def read_mp4(data: bytes) -> DecodedMP4:
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return math.inf if mse == 0 else 10 * math.log10(255.0**2 / mse)
-
-
-def foreign_threads() -> set[str]:
-    """Names of live threads that are not the main thread or an idle pool worker of anyio / trio."""
-    return {
-        t.name
-        for t in threading.enumerate()
-        if t is not threading.main_thread()
-        and not t.name.startswith(("AnyIO worker thread", "Trio thread"))
-        and not t.name.startswith("asyncio_")
-    }
 
 
 def read_luma(data: bytes) -> np.ndarray:

@@ -14,9 +14,9 @@ import torch
 from torch import Tensor
 
 from streamvae import ChunkedVideoMP4Session, SessionClosedError, decode_to_mp4, quantize_chunk, stream_mp4
-from streamvae._encode import open_containers
 from streamvae.models import chunked_decoder
-from tests._media import DETERMINISTIC_X264, bt709_luma, foreign_threads, read_luma, read_mp4
+from streamvae.testing import foreign_threads, open_containers
+from tests._media import DETERMINISTIC_X264, bt709_luma, read_luma, read_mp4
 from tests._vaes import latent, tiny_wan21, tiny_wan22
 
 pytestmark = pytest.mark.anyio

@@ -26,7 +26,7 @@ from streamvae import (
     read_entries,
     stream_mp4,
 )
-from streamvae._encode import open_containers
+from streamvae.testing import open_containers
 from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4
 from tests._vaes import latent, tiny_wan21
 

@@ -19,9 +19,9 @@ from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 from diffusers import AutoencoderKLWan
 from torch import Tensor, nn
 
+from streamvae._protocol import SupportsChunkedVAEDecode
 from streamvae.models import chunked_decoder
 from streamvae.models.wan import WanChunkedDecoder, denormalize_wan_latents
-from streamvae.protocol import SupportsChunkedVAEDecode
 from tests._adapters import conforms
 
 FAMILIES: dict[str, Callable[[], nn.Module]] = {

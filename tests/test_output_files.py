@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from streamvae import ChunkedVideoMP4Session
-from streamvae._encode import open_containers
+from streamvae.testing import open_containers
 from tests._media import DETERMINISTIC_X264, read_mp4, wan_like_chunks
 
 ROOT = Path(__file__).parents[1]

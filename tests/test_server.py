@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-from streamvae._encode import EntryEncoder, open_containers
+from streamvae._encode import EntryEncoder
 from streamvae.demo import demo_latent, demo_vae
 from streamvae.models import chunked_decoder
 from streamvae.server import VideoRequest, create_app
 from streamvae.server._admission import Admission, Ticket
-from tests._media import foreign_threads, read_mp4
+from streamvae.testing import foreign_threads, open_containers
+from tests._media import read_mp4
 from tests._server import EventLog, GatedDecoder, running_server
 
 pytestmark = pytest.mark.anyio

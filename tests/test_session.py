@@ -12,17 +12,10 @@ import pytest
 import torch
 
 from streamvae import ChunkedVideoMP4Session, SessionClosedError
-from streamvae._encode import EntryEncoder, open_containers
+from streamvae._encode import EntryEncoder
 from streamvae._pipeline import StagePipeline
-from tests._media import (
-    DETERMINISTIC_X264,
-    foreign_threads,
-    moving_pattern,
-    psnr,
-    read_mp4,
-    to_rgb_uint8,
-    wan_like_chunks,
-)
+from streamvae.testing import foreign_threads, open_containers
+from tests._media import DETERMINISTIC_X264, moving_pattern, psnr, read_mp4, to_rgb_uint8, wan_like_chunks
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream, SessionClosedError
-from streamvae._encode import open_containers
+from streamvae.testing import open_containers
 from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4, wan_like_chunks
 
 pytestmark = pytest.mark.anyio

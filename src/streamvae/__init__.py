@@ -8,11 +8,11 @@ from streamvae._decode import decode_to_mp4, stream_mp4
 from streamvae._errors import ArgumentTypeError, SessionClosedError, StreamVAEError, UnreadStreamError
 from streamvae._options import SessionOptions
 from streamvae._pipeline import StageSpan
+from streamvae._protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
 from streamvae._quantize import quantize_chunk, quantize_chunk_yuv420
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream, read_entries
 from streamvae._transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, RingAbortedError
-from streamvae.protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
 
 __all__ = [
     "ArgumentTypeError",

@@ -23,7 +23,7 @@ from torch import Tensor
 from streamvae._options import SessionOptions
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
-from streamvae.protocol import SupportsChunkedVAEDecode, check_latents
+from streamvae.models import ChunkedDecoder, as_decoder
 
 __all__ = ["as_chunked_decoder", "decode_to_mp4", "stream_mp4"]
 
@@ -32,25 +32,13 @@ class _DecodeAbandoned(Exception):
     """Raised inside ``on_chunk`` when the caller was cancelled, so the decode stops publishing."""
 
 
-def as_chunked_decoder(vae: Any) -> SupportsChunkedVAEDecode:
-    """``vae`` itself if it implements the protocol, else the adapter of a supported diffusers VAE."""
-    if isinstance(vae, SupportsChunkedVAEDecode):
-        return vae
-    from streamvae.models import chunked_decoder  # the adapters import diffusers: only when needed
-
-    return chunked_decoder(vae)
+def as_chunked_decoder(vae: Any) -> ChunkedDecoder:
+    """``vae`` as a :class:`streamvae.models.ChunkedDecoder`: itself, the adapter of a supported diffusers
+    VAE, or a protocol-only decoder wrapped once (see :func:`streamvae.models.as_decoder`)."""
+    return as_decoder(vae)
 
 
-def _check_latents(decoder: SupportsChunkedVAEDecode, z: object, owner: str) -> Tensor:
-    """The shape checks, on the event loop: they read no tensor data."""
-    check_latents(z, getattr(decoder, "latent_channels", None), owner=owner)
-    assert isinstance(z, Tensor)
-    return z
-
-
-def _run_decode(
-    decoder: SupportsChunkedVAEDecode, z: Tensor, on_chunk: Callable[[Tensor], None], owner: str
-) -> None:
+def _run_decode(decoder: ChunkedDecoder, z: Tensor, on_chunk: Callable[[Tensor], None], owner: str) -> None:
     """Worker thread: prepare ``z``, check it is finite, and decode it on a stream of the decode's own.
 
     Everything here may wait for the device — the latent's host → device copy, the finiteness check (a
@@ -59,9 +47,7 @@ def _run_decode(
     are per thread). A CUDA decode runs on its own stream on the latent's device, so concurrent decodes
     neither interleave on the legacy default stream nor make each other's chunks wait.
     """
-    prepare: Callable[[Tensor], Tensor] | None = getattr(decoder, "prepare_latents", None)
-    if prepare is not None:
-        z = prepare(z)
+    z = decoder.prepare_latents(z)
     with _own_stream(z.device):
         check_finite_latents(z, owner=owner)
         decoder.decode_with_chunks(z, on_chunk=on_chunk)
@@ -121,10 +107,10 @@ async def decode_to_mp4(
     decode and return ``[]``, or raise :class:`streamvae.distributed.PeerDecodeError` when the output rank
     stopped the decode.
     """
-    decoder = as_chunked_decoder(vae)
-    z = _check_latents(decoder, z, "decode_to_mp4")
+    decoder = as_decoder(vae)
+    decoder.check_latents(z, owner="decode_to_mp4")  # shapes only: on the loop
     limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
-    if not getattr(decoder, "is_output_rank", True):
+    if not decoder.is_output_rank:
         # Every rank checks the options before the first collective: a bad one raises here on every
         # rank at once, instead of on the output rank alone while its peers wait out the group timeout.
         # Output files are the output rank's (their directory may exist on its machine only).
@@ -162,9 +148,9 @@ async def stream_mp4(
     stream and when the block ends. Not available on ranks that do not own the output (they have nothing
     to stream: use :func:`decode_to_mp4` there).
     """
-    decoder = as_chunked_decoder(vae)
-    z = _check_latents(decoder, z, "stream_mp4")
-    if not getattr(decoder, "is_output_rank", True):
+    decoder = as_decoder(vae)
+    decoder.check_latents(z, owner="stream_mp4")  # shapes only: on the loop
+    if not decoder.is_output_rank:
         raise ValueError("stream_mp4() on a rank that does not own the output: call decode_to_mp4() there")
     limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
     session = ChunkedVideoMP4Session(options=_session_options(decoder, session_options, output="fragmented"))
@@ -189,9 +175,7 @@ async def stream_mp4(
                 await stream.aclose()
 
 
-def _session_options(
-    decoder: SupportsChunkedVAEDecode, keywords: dict[str, Any], **defaults: Any
-) -> SessionOptions:
+def _session_options(decoder: ChunkedDecoder, keywords: dict[str, Any], **defaults: Any) -> SessionOptions:
     """``options=`` as given, or the session keywords over ``defaults`` and the decoder's value range."""
     options = keywords.get("options")
     if options is None:
@@ -206,7 +190,7 @@ def _session_options(
 
 
 async def _decode_into(
-    decoder: SupportsChunkedVAEDecode,
+    decoder: ChunkedDecoder,
     z: Tensor,
     session: ChunkedVideoMP4Session,
     limiter: anyio.CapacityLimiter,
@@ -232,7 +216,7 @@ async def _decode_into(
         raise
 
 
-def _decode_without_output(decoder: SupportsChunkedVAEDecode, z: Tensor) -> None:
+def _decode_without_output(decoder: ChunkedDecoder, z: Tensor) -> None:
     def on_chunk(chunk: Tensor) -> None:
         raise RuntimeError("a decoder that is not the output rank published a chunk")
 

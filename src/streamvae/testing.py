@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from streamvae._encode import open_containers
 from streamvae.models import ChunkedDecoder, as_decoder
 from streamvae.models._common import execution_device
 
-__all__ = ["ChunkedDecoderReport", "check_chunked_decoder", "open_containers"]
+__all__ = ["ChunkedDecoderReport", "check_chunked_decoder", "foreign_threads", "open_containers"]
 
 
 @dataclass(frozen=True)
@@ -346,3 +347,15 @@ def _counting_pre_forward(vae: Any) -> Iterator[list[int] | None]:
             del hook.pre_forward
         else:
             hook.pre_forward = own
+
+
+def foreign_threads() -> set[str]:
+    """Names of the live threads that are neither the main thread nor an idle worker of anyio's or trio's
+    pools (those idle workers linger about ten seconds after use): compare before and after a session to
+    check that it left no thread behind."""
+    return {
+        thread.name
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread()
+        and not thread.name.startswith(("AnyIO worker thread", "Trio thread", "asyncio_"))
+    }

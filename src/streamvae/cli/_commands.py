@@ -14,9 +14,9 @@ from typing import Any
 import anyio
 
 from streamvae import SessionOptions
-from streamvae._decode import as_chunked_decoder
 from streamvae.cli._inputs import CliError, expected_frames, load_latents, load_vae, output_paths, read_wav
 from streamvae.cli._runner import DecodeJob
+from streamvae.models import as_decoder
 
 
 def session_options(args: argparse.Namespace, vae: Any, **extra: Any) -> SessionOptions:
@@ -27,7 +27,7 @@ def session_options(args: argparse.Namespace, vae: Any, **extra: Any) -> Session
     if args.preset is not None:
         codec["preset"] = args.preset
     return SessionOptions(
-        value_range=as_chunked_decoder(vae).chunk_value_range,
+        value_range=as_decoder(vae).chunk_value_range,
         fps=args.fps,
         output=args.container,
         video_codec_options=codec,
@@ -58,7 +58,7 @@ def decode_job(args: argparse.Namespace) -> DecodeJob:
 
         device = str(init_distributed())  # torchrun's group: NCCL on CUDA, gloo otherwise
     vae = load_vae(args.vae, subfolder=args.subfolder, dtype=args.dtype, device=device)
-    channels = getattr(as_chunked_decoder(vae), "latent_channels", None)
+    channels = as_decoder(vae).latent_channels
     if channels is not None and latents.shape[1] != channels:
         raise CliError(
             f"the latent in {args.latents} has {latents.shape[1]} channels (shape {tuple(latents.shape)}), "
@@ -92,7 +92,7 @@ def run_job(args: argparse.Namespace, build: Callable[[argparse.Namespace], Deco
     import streamvae.cli as cli  # the runner by its public name: the one a caller (a test) may replace
 
     job = build(args)
-    if not getattr(job.vae, "is_output_rank", True):
+    if not as_decoder(job.vae).is_output_rank:
         # A rank of a sharded decode that does not own the output: it decodes its strip, writes nothing.
         from streamvae import decode_to_mp4
 

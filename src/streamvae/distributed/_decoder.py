@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from streamvae._errors import StreamVAEError
+from streamvae._protocol import ChunkPublisher
 from streamvae.distributed._collectives import (
     Agreement,
     Collectives,
@@ -30,8 +31,9 @@ from streamvae.distributed._halo import ShardContext, active, check_shardable, i
 from streamvae.distributed._launch import resolve_collective_timeout
 from streamvae.distributed._layout import AXIS_DIM, ShardAxis, StripLayout
 from streamvae.distributed._stats import ShardedDecodeStats
+from streamvae.models import ChunkedDecoder
+from streamvae.models._common import uses_spatial_tiling
 from streamvae.models.wan import WanChunkedDecoder, WanFamilyVAE
-from streamvae.protocol import ChunkPublisher
 
 _STATUS_BYTES = 256  # the owner's per-step verdict: a flag byte, then the error's text (UTF-8, truncated)
 
@@ -58,7 +60,7 @@ class _Verdict:
     error: str
 
 
-class ShardedWanDecoder:
+class ShardedWanDecoder(ChunkedDecoder):
     """Decodes an ``AutoencoderKLWan`` (2.1 or 2.2) or ``AutoencoderKLQwenImage`` across a process group.
 
     Implements :class:`streamvae.SupportsChunkedVAEDecode`: create one on every rank of ``group`` (default:
@@ -118,7 +120,8 @@ class ShardedWanDecoder:
                 "streamvae.distributed.init_distributed)"
             )
         self._chunked = WanChunkedDecoder(vae)  # raises TypeError for any other class
-        self.vae = vae
+        # A distributed decode drains: its peers wait on this rank in collectives until the agreed stop.
+        super().__init__(vae, latent_channels=self._chunked.latent_channels, drain=True)
         self.shard: ShardAxis = shard
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -128,7 +131,6 @@ class ShardedWanDecoder:
                 f"output_rank must be a rank of the group (0..{self.world_size - 1}), got {output_rank}"
             )
         self.output_rank = output_rank
-        self.latent_channels = self._chunked.latent_channels
         #: how long any wait of this decoder's agreement lasts before it raises (a peer died or stalled)
         self.collective_timeout: timedelta = resolve_collective_timeout(group, collective_timeout)
         self.stats = ShardedDecodeStats()
@@ -148,6 +150,13 @@ class ShardedWanDecoder:
     def prepare_latents(self, z: Tensor) -> Tensor:
         """Validate a de-normalized latent and cast it to the VAE's dtype and device (as the Wan pipeline)."""
         return self._chunked.prepare_latents(z)
+
+    def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
+        """Not available: each step is a collective that every rank runs in lockstep with its peers, so
+        the decode is driven by :meth:`decode_with_chunks` on every rank, never by one rank's consumer."""
+        raise TypeError(
+            "ShardedWanDecoder decodes in lockstep with its peers: call decode_with_chunks on every rank"
+        )
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
         """Decode ``z`` [B, z_dim, T, H, W], the same on every rank; the output rank publishes each chunk.
@@ -201,13 +210,7 @@ class ShardedWanDecoder:
 
     def _check_untiled(self, z: Tensor) -> None:
         # Decided on the whole latent, so every rank decides alike before its first collective.
-        vae = self.vae
-        ratio = int(vae.spatial_compression_ratio or 1)
-        height, width = z.shape[-2:]
-        if vae.use_tiling and (
-            height > int(vae.tile_sample_min_height) // ratio
-            or width > int(vae.tile_sample_min_width) // ratio
-        ):
+        if uses_spatial_tiling(self.vae, z.shape[-2], z.shape[-1]):
             raise ValueError(
                 "ShardedWanDecoder decodes untiled strips, but vae.use_tiling would tile this latent: "
                 "call vae.disable_tiling() (sharding is what cuts the memory here)"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from streamvae._protocol import SupportsChunkedVAEDecode
 from streamvae.models._base import ChunkedDecoder, ProtocolDecoder
-from streamvae.protocol import SupportsChunkedVAEDecode
 
 __all__ = ["as_decoder", "chunked_decoder", "supported_classes"]
 

@@ -27,9 +27,9 @@ from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, WanCausalConv3d, unpatchify
 from torch import Tensor
 
+from streamvae._protocol import check_latents
 from streamvae.models._base import ChunkedDecoder, DecodeState
 from streamvae.models._common import blend_tiles, execution_device, uses_spatial_tiling
-from streamvae.protocol import check_latents
 
 __all__ = ["WanChunkedDecoder", "WanFamilyVAE", "denormalize_wan_latents"]
 

@@ -26,10 +26,11 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 from torch import Tensor
 
-from streamvae._decode import as_chunked_decoder, stream_mp4
+from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
 from streamvae._options import SessionOptions
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
+from streamvae.models import as_decoder
 from streamvae.server._admission import Admission, Outcome
 
 logger = logging.getLogger("streamvae.server")
@@ -118,7 +119,7 @@ def create_app(
     # Checked once, here: a bad option is an error of create_app, not a 500 on every request.
     options = SessionOptions(
         **{
-            "value_range": as_chunked_decoder(vae).chunk_value_range,
+            "value_range": as_decoder(vae).chunk_value_range,
             "fps": fps,
             "output": "fragmented",
             **(session_options or {}),
