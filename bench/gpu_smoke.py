@@ -64,8 +64,9 @@ import torch
 from torch import Tensor, nn
 
 from streamvae import ChunkedVideoMP4Session, decode_to_mp4, quantize_chunk, stream_mp4
-from streamvae._encode import EntryEncoder, open_containers
+from streamvae._encode import EntryEncoder
 from streamvae.models import chunked_decoder
+from streamvae.testing import TINY_VAE_CONFIGS, enable_small_tiling, open_containers
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda", 0) if CUDA else torch.device("cpu")
@@ -175,7 +176,7 @@ def tiny_wan21(seed: int = 1) -> nn.Module:
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
+    vae = AutoencoderKLWan(**TINY_VAE_CONFIGS["wan21"])
     _randomize(vae, seed)
     return vae.eval().to(DEVICE)
 
@@ -184,18 +185,7 @@ def tiny_wan22(seed: int = 2) -> nn.Module:
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(seed)
-    vae = AutoencoderKLWan(
-        base_dim=4,
-        decoder_base_dim=4,
-        z_dim=48,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        is_residual=True,
-        in_channels=12,
-        out_channels=12,
-        patch_size=2,
-        scale_factor_spatial=16,
-    )
+    vae = AutoencoderKLWan(**TINY_VAE_CONFIGS["wan22"])
     _randomize(vae, seed)
     return vae.eval().to(DEVICE)
 
@@ -602,17 +592,6 @@ def check_syncs_sharded() -> tuple[bool, str]:
 
 
 # --------------------------------------------------------------------------------------- Wan exactness
-
-
-def enable_small_tiling(vae: Any) -> None:
-    """Tiles of 4×4 latents every 3: a 6×7 latent decodes as 2×3 tiles."""
-    ratio = vae.spatial_compression_ratio
-    vae.enable_tiling(
-        tile_sample_min_height=4 * ratio,
-        tile_sample_min_width=4 * ratio,
-        tile_sample_stride_height=3 * ratio,
-        tile_sample_stride_width=3 * ratio,
-    )
 
 
 def chunks_vs_decode(vae: Any, z: Tensor) -> tuple[bool, float, int]:

@@ -30,22 +30,9 @@ from streamvae.cli import load_latents as load_saved_latents
 from streamvae.cli import load_vae as load_saved_vae
 from streamvae.distributed import ShardedWanDecoder, init_distributed
 from streamvae.models.wan import denormalize_wan_latents
+from streamvae.testing import TINY_VAE_CONFIGS
 
-TINY_CONFIGS = {
-    "wan21": dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1),
-    "wan22": dict(
-        base_dim=4,
-        decoder_base_dim=4,
-        z_dim=48,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        is_residual=True,
-        in_channels=12,
-        out_channels=12,
-        patch_size=2,
-        scale_factor_spatial=16,
-    ),
-}
+TINY_CONFIGS = TINY_VAE_CONFIGS  # `--tiny`: a seeded tiny VAE instead of --vae
 
 
 def parse_args() -> argparse.Namespace:

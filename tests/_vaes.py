@@ -14,6 +14,8 @@ import torch
 from diffusers import AutoencoderKLQwenImage, AutoencoderKLWan
 from torch import nn
 
+from streamvae.testing import TINY_VAE_CONFIGS
+
 __all__ = ["latent", "tiny_qwen_image", "tiny_wan21", "tiny_wan22"]
 
 
@@ -41,7 +43,7 @@ def _latent_stats(z_dim: int, seed: int) -> tuple[list[float], list[float]]:
 def tiny_wan21(seed: int = 1) -> AutoencoderKLWan:
     """Wan 2.1 layout (z_dim 16, 8× spatial): latent [B, 16, T, H, W] → video [B, 3, 1+4(T−1), 8H, 8W]."""
     torch.manual_seed(seed)
-    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
+    vae = AutoencoderKLWan(**TINY_VAE_CONFIGS["wan21"])
     _randomize(vae, seed)
     return vae.eval()
 
@@ -51,16 +53,7 @@ def tiny_wan22(seed: int = 2) -> AutoencoderKLWan:
     torch.manual_seed(seed)
     latents_mean, latents_std = _latent_stats(48, seed)
     vae = AutoencoderKLWan(
-        base_dim=4,
-        decoder_base_dim=4,
-        z_dim=48,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        is_residual=True,
-        in_channels=12,
-        out_channels=12,
-        patch_size=2,
-        scale_factor_spatial=16,
+        **TINY_VAE_CONFIGS["wan22"],
         latents_mean=latents_mean,
         latents_std=latents_std,
     )
@@ -71,7 +64,7 @@ def tiny_wan22(seed: int = 2) -> AutoencoderKLWan:
 def tiny_qwen_image(seed: int = 3) -> AutoencoderKLQwenImage:
     """Qwen-Image layout (Wan 2.1's loop, no ``first_chunk``): [B, 16, T, H, W] → [B, 3, 1+4(T−1), 8H, 8W]."""
     torch.manual_seed(seed)
-    vae = AutoencoderKLQwenImage(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1)
+    vae = AutoencoderKLQwenImage(**TINY_VAE_CONFIGS["wan21"])
     _randomize(vae, seed)
     return vae.eval()
 

@@ -31,13 +31,13 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from _media import DETERMINISTIC_X264, read_luma, read_mp4
-from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 from torch import Tensor
 
 from streamvae import decode_to_mp4, quantize_chunk
 from streamvae.distributed import PeerDecodeError, ShardedDecodeStats, ShardedWanDecoder, _collectives
 from streamvae.models.wan import WanChunkedDecoder
+from tests._media import DETERMINISTIC_X264, read_luma, read_mp4
+from tests._vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 
 FAMILIES: dict[str, Callable[[], Any]] = {
     "wan21": tiny_wan21,

@@ -25,7 +25,6 @@ from typing import Any, TypeVar
 import pytest
 import torch
 import torch.distributed as dist
-from _vaes import latent, tiny_wan21, tiny_wan22
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanCausalConv3d
 from torch import Tensor, nn
 
@@ -39,6 +38,7 @@ from streamvae.distributed import (
 from streamvae.distributed._halo import ShardContext, active, check_shardable, halo_rows, install_hooks
 from streamvae.distributed._layout import StripLayout
 from streamvae.models.wan import WanChunkedDecoder
+from tests._vaes import latent, tiny_wan21, tiny_wan22
 
 INIT_TIMEOUT = timedelta(seconds=42)  # what init_distributed is told; torch's gloo default is 30 min
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

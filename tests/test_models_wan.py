@@ -15,14 +15,15 @@ from typing import Any
 import accelerate
 import pytest
 import torch
-from _vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 from diffusers import AutoencoderKLWan
 from torch import Tensor, nn
 
 from streamvae._protocol import SupportsChunkedVAEDecode
 from streamvae.models import chunked_decoder
 from streamvae.models.wan import WanChunkedDecoder, denormalize_wan_latents
+from streamvae.testing import enable_small_tiling
 from tests._adapters import conforms
+from tests._vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 
 FAMILIES: dict[str, Callable[[], nn.Module]] = {
     "wan21": tiny_wan21,
@@ -78,17 +79,6 @@ def counting_decoder_calls(vae: Any) -> Iterator[list[int]]:
         yield calls
     finally:
         handle.remove()
-
-
-def enable_small_tiling(vae: Any) -> None:
-    """Tiles of 4×4 latents every 3 latents: a 6×7 latent decodes as 2×3 tiles with 8-pixel blends."""
-    ratio = vae.spatial_compression_ratio
-    vae.enable_tiling(
-        tile_sample_min_height=4 * ratio,
-        tile_sample_min_width=4 * ratio,
-        tile_sample_stride_height=3 * ratio,
-        tile_sample_stride_width=3 * ratio,
-    )
 
 
 # The contract, exactness and chunk layout

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 import torch
 
@@ -40,28 +41,46 @@ async def test_slot_returns_only_after_its_last_reader() -> None:
         lease.release()
 
 
+class WaitingTransfer:
+    """A transfer started in a task of its own: what it landed, and an event set once it is done."""
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.landed: list[torch.Tensor] = []
+
+
+async def waiting_transfer(
+    tg: anyio.abc.TaskGroup, ring: PinnedChunkRing, value: int, *, release: bool = False
+) -> WaitingTransfer:
+    """Start a transfer of ``frames(value)`` in ``tg`` and return once it has had every chance to get a
+    slot (the caller then checks that it is still waiting)."""
+    transfer, started = WaitingTransfer(), anyio.Event()
+
+    async def run() -> None:
+        started.set()
+        lease = await ring.transfer(frames(value), readers=1)
+        transfer.landed.append(await lease.wait_landed())
+        if release:
+            lease.release()
+        transfer.done.set()
+
+    tg.start_soon(run)
+    await started.wait()
+    for _ in range(20):
+        await anyio.lowlevel.checkpoint()
+    return transfer
+
+
 async def test_transfer_waits_for_a_free_slot_instead_of_growing_the_pool() -> None:
     ring = PinnedChunkRing(2, "cpu")
     held = [await ring.transfer(frames(i), readers=1) for i in range(2)]
-    third_started, third_done = anyio.Event(), anyio.Event()
-    result: list[torch.Tensor] = []
-
-    async def third() -> None:
-        third_started.set()
-        lease = await ring.transfer(frames(9), readers=1)
-        result.append(await lease.wait_landed())
-        third_done.set()
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(third)
-        await third_started.wait()
-        for _ in range(5):
-            await anyio.lowlevel.checkpoint()
-        assert not third_done.is_set() and ring.slots_in_use == 2
+        third = await waiting_transfer(tg, ring, 9)
+        assert not third.done.is_set() and ring.slots_in_use == 2
         await held[0].wait_landed()
         held[0].release()
-        await third_done.wait()
-    assert ring.slots_in_use == 2 and int(result[0][0, 0, 0, 0, 0]) == 9
+        await third.done.wait()
+    assert ring.slots_in_use == 2 and int(third.landed[0][0, 0, 0, 0, 0]) == 9
     stats = ring.stats()
     assert stats.transfers == 3 and stats.peak_slots_in_use == 2
     assert stats.slot_wait_seconds > 0
@@ -186,21 +205,11 @@ async def test_a_discarded_lease_keeps_its_slot_until_its_copy_lands() -> None:
     lease, copy = await in_flight(ring, 1)
     lease.discard()
     assert ring.slots_in_use == 1  # the copy may still write the slot: it is not reused yet
-    waiting, got_slot = anyio.Event(), anyio.Event()
-
-    async def next_transfer() -> None:
-        waiting.set()
-        (await ring.transfer(frames(2), readers=1)).release()
-        got_slot.set()
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(next_transfer)
-        await waiting.wait()
-        for _ in range(20):
-            await anyio.lowlevel.checkpoint()
-        assert not got_slot.is_set()
+        next_transfer = await waiting_transfer(tg, ring, 2, release=True)
+        assert not next_transfer.done.is_set()
         copy.done = True  # the copy lands: the retired slot comes back by itself
-        await got_slot.wait()
+        await next_transfer.done.wait()
     assert ring.slots_in_use == 0
 
 

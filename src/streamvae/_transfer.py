@@ -4,11 +4,10 @@ The ring is where backpressure from the encoders reaches the producer: ``transfe
 and never grows the pool, and a slot returns only when the last reader of its chunk releases it — being
 dequeued by an encoder is not enough, because PyAV may still be reading the buffer.
 
-On CUDA the slots are pinned host buffers and each copy is a non-blocking copy on one side stream per
-device, ordered after an event recorded on the producer's stream; its landing is awaited by polling a
-completion event, so the wait can be abandoned on cancel (a copy queued behind a collective with a dead peer
-never completes). On a CPU device the same ring runs with ordinary host slots and a copy in a worker thread,
-so the slot logic is exercised on every machine.
+On CUDA the slots are pinned and each copy is non-blocking on one copy stream per device, after an event
+recorded on the producer's stream; its landing is polled, so the wait can be abandoned (a copy queued behind
+a collective with a dead peer never completes). On a CPU the same ring copies in a worker thread, so the
+slot logic is exercised on every machine.
 """
 
 from __future__ import annotations

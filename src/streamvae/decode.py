@@ -1,12 +1,11 @@
-"""Deprecated: import these names from :mod:`streamvae` (this module path goes away in the next release)."""
+"""Deprecated: this module is private now; the alias goes away in the next release."""
 
 from __future__ import annotations
 
 import warnings
 
-from streamvae._decode import as_chunked_decoder, decode_to_mp4, stream_mp4
-
-__all__ = ["as_chunked_decoder", "decode_to_mp4", "stream_mp4"]
+from streamvae._decode import *  # noqa: F403  (its public names, as before)
+from streamvae._decode import __all__ as __all__
 
 _PUBLIC = "import the public names from streamvae (leak checks from streamvae.testing)"
 warnings.warn(

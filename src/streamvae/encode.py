@@ -1,32 +1,11 @@
-"""Deprecated: import these names from :mod:`streamvae` (this module path goes away in the next release)."""
+"""Deprecated: this module is private now; the alias goes away in the next release."""
 
 from __future__ import annotations
 
 import warnings
 
-from streamvae._encode import (
-    EntryEncoder,
-    OutputKind,
-    PixelFormat,
-    as_fps,
-    check_video_codec,
-    check_waveform,
-    default_codec_options,
-    merge_codec_options,
-    open_containers,
-)
-
-__all__ = [
-    "EntryEncoder",
-    "OutputKind",
-    "PixelFormat",
-    "as_fps",
-    "check_video_codec",
-    "check_waveform",
-    "default_codec_options",
-    "merge_codec_options",
-    "open_containers",
-]
+from streamvae._encode import *  # noqa: F403  (its public names, as before)
+from streamvae._encode import __all__ as __all__
 
 _PUBLIC = "import the public names from streamvae (leak checks from streamvae.testing)"
 warnings.warn(

@@ -1,26 +1,11 @@
-"""Deprecated: import these names from :mod:`streamvae` (this module path goes away in the next release)."""
+"""Deprecated: this module is private now; the alias goes away in the next release."""
 
 from __future__ import annotations
 
 import warnings
 
-from streamvae._quantize import (
-    ChunkQuantizer,
-    PixelPath,
-    check_chunk,
-    check_value_range,
-    quantize_chunk,
-    quantize_chunk_yuv420,
-)
-
-__all__ = [
-    "ChunkQuantizer",
-    "PixelPath",
-    "check_chunk",
-    "check_value_range",
-    "quantize_chunk",
-    "quantize_chunk_yuv420",
-]
+from streamvae._quantize import *  # noqa: F403  (its public names, as before)
+from streamvae._quantize import __all__ as __all__
 
 _PUBLIC = "import the public names from streamvae (leak checks from streamvae.testing)"
 warnings.warn(

@@ -27,7 +27,34 @@ from streamvae._encode import open_containers
 from streamvae.models import ChunkedDecoder, as_decoder
 from streamvae.models._common import execution_device
 
-__all__ = ["ChunkedDecoderReport", "check_chunked_decoder", "foreign_threads", "open_containers"]
+__all__ = [
+    "TINY_VAE_CONFIGS",
+    "ChunkedDecoderReport",
+    "check_chunked_decoder",
+    "enable_small_tiling",
+    "foreign_threads",
+    "open_containers",
+]
+
+#: Configs of tiny diffusers VAEs (the real classes; a few latent frames decode in a fraction of a second on
+#: a CPU) for tests, examples and smoke runs: ``AutoencoderKLWan(**TINY_VAE_CONFIGS["wan22"])``.
+TINY_VAE_CONFIGS: dict[str, dict[str, Any]] = {
+    # Wan 2.1 layout (z_dim 16, 8× spatial); AutoencoderKLQwenImage takes the same config.
+    "wan21": {"base_dim": 3, "z_dim": 16, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1},
+    # Wan 2.2 layout (z_dim 48, residual, patch_size 2, 16× spatial).
+    "wan22": {
+        "base_dim": 4,
+        "decoder_base_dim": 4,
+        "z_dim": 48,
+        "dim_mult": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "is_residual": True,
+        "in_channels": 12,
+        "out_channels": 12,
+        "patch_size": 2,
+        "scale_factor_spatial": 16,
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -359,3 +386,14 @@ def foreign_threads() -> set[str]:
         if thread is not threading.main_thread()
         and not thread.name.startswith(("AnyIO worker thread", "Trio thread", "asyncio_"))
     }
+
+
+def enable_small_tiling(vae: Any) -> None:
+    """Spatial tiles of 4×4 latents every 3 latents, so a small latent tiles (6×7 latents: 2×3 tiles)."""
+    ratio = vae.spatial_compression_ratio
+    vae.enable_tiling(
+        tile_sample_min_height=4 * ratio,
+        tile_sample_min_width=4 * ratio,
+        tile_sample_stride_height=3 * ratio,
+        tile_sample_stride_width=3 * ratio,
+    )

@@ -70,12 +70,8 @@ def _add_encode_options(parser: argparse.ArgumentParser, *, fps: float) -> None:
         metavar="PRESET",
         help="x264 preset: ultrafast … veryslow (default veryfast)",
     )
-    parser.add_argument(
-        "--container",
-        choices=["fragmented", "mp4"],
-        default="fragmented",
-        help="fragmented MP4, written as it is encoded (default), or a plain MP4 written at the end",
-    )
+    containers = "fragmented MP4, written as it is encoded (default), or a plain MP4 written at the end"
+    parser.add_argument("--container", choices=["fragmented", "mp4"], default="fragmented", help=containers)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio", help="event loop")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
 
