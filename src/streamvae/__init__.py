@@ -6,6 +6,7 @@ host transfer → H.264 encode while later chunks still decode. Runs on asyncio 
 
 from streamvae._decode import decode_to_mp4, stream_mp4
 from streamvae._errors import ArgumentTypeError, SessionClosedError, StreamVAEError, UnreadStreamError
+from streamvae._latent_stream import LatentStream, LatentStreamStatistics, open_latent_stream
 from streamvae._options import SessionOptions
 from streamvae._pipeline import StageSpan
 from streamvae._protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
@@ -20,6 +21,8 @@ __all__ = [
     "ChunkPublisher",
     "ChunkTransferStats",
     "ChunkedVideoMP4Session",
+    "LatentStream",
+    "LatentStreamStatistics",
     "MP4ByteStream",
     "PinnedChunkRing",
     "RingAbortedError",
@@ -30,6 +33,7 @@ __all__ = [
     "SupportsChunkedVAEDecode",
     "UnreadStreamError",
     "decode_to_mp4",
+    "open_latent_stream",
     "publish_chunks",
     "quantize_chunk",
     "quantize_chunk_yuv420",

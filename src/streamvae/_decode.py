@@ -197,6 +197,23 @@ async def _decode_into(
     owner: str,
 ) -> None:
     """Run the decode in a worker thread, pushing each chunk into ``session`` with backpressure."""
+    on_chunk = _chunk_bridge(session, owner)
+    try:
+        await anyio.to_thread.run_sync(_run_decode, decoder, z, on_chunk, owner, limiter=limiter)
+    except BaseException:
+        # The decode has ended (the thread is never abandoned); a cancelled caller sees its cancellation
+        # rather than what the interrupted bridge raised.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        raise
+
+
+def _chunk_bridge(session: ChunkedVideoMP4Session, owner: str) -> Callable[[Tensor], None]:
+    """The ``on_chunk`` of a decode worker: push each chunk into ``session`` (blocking: backpressure).
+
+    A failed session's own error is raised as it is (the decoder stops and re-raises it); the caller's
+    cancellation, which reaches the worker thread as trio's ``Cancelled`` or asyncio's ``CancelledError``,
+    becomes an ordinary exception, so the decode ends by the failure rule instead of unwinding mid-step.
+    """
 
     def on_chunk(chunk: Tensor) -> None:
         try:
@@ -205,15 +222,9 @@ async def _decode_into(
         except Exception:
             raise  # a failed session's own error: the decoder stops and re-raises it, peers hear of it
         except BaseException as cancelled:  # trio's Cancelled / asyncio's CancelledError
-            raise _DecodeAbandoned("the caller of decode_to_mp4 was cancelled") from cancelled
+            raise _DecodeAbandoned(f"the caller of {owner} was cancelled") from cancelled
 
-    try:
-        await anyio.to_thread.run_sync(_run_decode, decoder, z, on_chunk, owner, limiter=limiter)
-    except BaseException:
-        # The decode has ended (the thread is never abandoned); a cancelled caller sees its cancellation
-        # rather than what the interrupted bridge raised.
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        raise
+    return on_chunk
 
 
 def _decode_without_output(decoder: ChunkedDecoder, z: Tensor) -> None:

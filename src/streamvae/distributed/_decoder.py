@@ -97,7 +97,8 @@ class ShardedWanDecoder(ChunkedDecoder):
     module runs a forward elsewhere is not safe). Decodes through one adapter are serialized; ranks must
     run their sharded decodes of one group in the same order. ``vae.use_tiling`` must not apply to the
     latent (sharding is the way to cut memory here); a latent that would tile raises ValueError on every
-    rank before any collective.
+    rank before any collective. It decodes whole latents only: latents that arrive in pieces
+    (:func:`streamvae.open_latent_stream`) raise TypeError.
     """
 
     chunk_value_range: tuple[float, float] = (-1.0, 1.0)
@@ -156,6 +157,16 @@ class ShardedWanDecoder(ChunkedDecoder):
         the decode is driven by :meth:`decode_with_chunks` on every rank, never by one rank's consumer."""
         raise TypeError(
             "ShardedWanDecoder decodes in lockstep with its peers: call decode_with_chunks on every rank"
+        )
+
+    def check_takes_pieces(self, *, owner: str | None = None) -> None:
+        """Always raises TypeError: a sharded decode takes whole latents only (see :meth:`iter_chunks`)."""
+        prefix = "" if owner is None else f"{owner}: "
+        raise TypeError(
+            f"{prefix}ShardedWanDecoder decodes whole latents only: every step is a collective its ranks run "
+            "in lockstep on the same latent, so it cannot take latents that arrive in pieces. Decode the "
+            "pieces on one process (open_latent_stream(vae) with the diffusers VAE itself), or pass the "
+            "whole latent to decode_to_mp4 on every rank"
         )
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:

@@ -175,16 +175,28 @@ class ChunkedDecoder:
 
     # Latents in pieces
 
+    def check_takes_pieces(self, *, owner: str | None = None) -> None:
+        """Raise TypeError unless this decoder decodes latents that arrive in pieces (``takes_pieces``).
+
+        The message names the decoders that do. Reads nothing but the decoder itself, so it may run on an
+        event loop, before any work (:func:`streamvae.open_latent_stream` calls it). ``owner`` prefixes it.
+        """
+        if not self.takes_pieces:
+            prefix = "" if owner is None else f"{owner}: "
+            raise TypeError(
+                f"{prefix}{type(self).__name__} cannot decode latents in pieces (its decoder is not causal "
+                f"across calls); pieces work for the adapters of {', '.join(PIECEWISE_CLASSES)}, and for a "
+                "ChunkedDecoder subclass of your own that sets takes_pieces and writes start / piece_chunks"
+            )
+
     def start(self, batch: int, height: int, width: int) -> DecodeState:
         """Begin a stream of latent pieces [batch, latent_channels, t, height, width]; returns its state.
 
         Frames decoded from any split of a latent equal the decode of the whole. Raises TypeError for a
         family whose decoder is not causal across calls: its output depends on latents still to come.
         """
-        raise TypeError(
-            f"{type(self).__name__} cannot decode latents in pieces (its decoder is not causal across "
-            f"calls); pieces work for the adapters of {', '.join(PIECEWISE_CLASSES)}"
-        )
+        self.check_takes_pieces()
+        raise NotImplementedError(f"{type(self).__name__} sets takes_pieces but implements no start")
 
     def feed(self, state: DecodeState, z: Tensor) -> Generator[Tensor, None, None]:
         """Decode the next piece ``z`` of ``state``'s stream: a generator of the chunks it makes final.
@@ -306,4 +318,12 @@ class ProtocolDecoder(ChunkedDecoder):
     def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
         raise TypeError(
             f"{type(self.decoder).__qualname__} implements only decode_with_chunks: it cannot be stepped"
+        )
+
+    def check_takes_pieces(self, *, owner: str | None = None) -> None:
+        prefix = "" if owner is None else f"{owner}: "
+        raise TypeError(
+            f"{prefix}{type(self.decoder).__qualname__} implements only decode_with_chunks: it cannot decode "
+            f"latents in pieces; pieces work for the adapters of {', '.join(PIECEWISE_CLASSES)}, and for a "
+            "ChunkedDecoder subclass of your own that sets takes_pieces and writes start / piece_chunks"
         )

@@ -1,0 +1,317 @@
+"""Latents that arrive over time: each piece decoded as it comes, the causal cache carried by the stream.
+
+:func:`open_latent_stream` opens a :class:`LatentStream` over a session. One worker thread per stream,
+started at the first piece, decodes the pieces in order; it holds the stream's
+:class:`~streamvae.models.DecodeState` (the decoder's caches: the stream's, never the module's) and runs on
+that thread's own CUDA stream, so each piece continues the previous one's work on the same stream — their
+order and the caching allocator's bookkeeping hold without cross-stream events. The decode limiter is taken
+per piece, so streams that share one interleave piece by piece instead of waiting for each other's end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.lowlevel
+import torch
+from torch import Tensor
+
+from streamvae._decode import (
+    _chunk_bridge,
+    _DecodeAbandoned,
+    _own_stream,
+    _session_options,
+    check_finite_latents,
+)
+from streamvae._errors import SessionClosedError
+from streamvae._protocol import publish_chunks
+from streamvae._session import ChunkedVideoMP4Session
+from streamvae._sinks import MP4ByteStream
+from streamvae.models import ChunkedDecoder, DecodeState, as_decoder
+
+__all__ = ["LatentStream", "LatentStreamStatistics", "open_latent_stream"]
+
+_T = TypeVar("_T")
+_DIMS = ("batch", "channels", "height", "width")
+
+
+@asynccontextmanager
+async def open_latent_stream(
+    vae: Any, *, decode_limiter: anyio.CapacityLimiter | None = None, **session_options: Any
+) -> AsyncIterator[LatentStream]:
+    """Decode a latent that arrives in pieces into one MP4 per batch entry, as the pieces come.
+
+    ``async with open_latent_stream(vae, fps=16) as stream:``, then ``await stream.push_latents(z_step)``
+    for each piece ``[B, C, t, H, W]`` (t ≥ 1 latent frames) in order and ``videos = await
+    stream.finish()``. The frames are exactly those of decoding the concatenated latent
+    (``vae.decode(torch.cat(pieces, dim=2)).sample``, tiled or sliced as the module is set when the first
+    piece arrives). ``session_options`` go to :class:`streamvae.ChunkedVideoMP4Session` (``fps`` is
+    required; ``value_range`` defaults to the decoder's), or pass one :class:`streamvae.SessionOptions` as
+    ``options=``. ``decode_limiter`` bounds the decodes that run at once (default: one limiter per
+    stream); share one between the streams of a module, because a module decodes one piece at a time
+    whoever asks — streams then take turns piece by piece.
+
+    ``vae`` is anything :func:`streamvae.models.as_decoder` takes whose decoder is causal across calls:
+    the diffusers ``AutoencoderKLWan`` (2.1, 2.2) and ``AutoencoderKLQwenImage``, or a decoder of your own.
+    Any other raises TypeError here, naming those; a sharded decode
+    (:class:`streamvae.distributed.ShardedWanDecoder`) takes whole latents only, its ranks running every
+    step in lockstep on the same latent.
+
+    Your own causal decoder: subclass :class:`streamvae.models.ChunkedDecoder`, set ``takes_pieces =
+    True`` and write three methods. ``start(batch, height, width) -> DecodeState`` begins a stream: return
+    a fresh state (a :class:`~streamvae.models.DecodeState` subclass holding the caches, ``owner=self``),
+    never module state, so streams on one module cannot see each other. ``piece_chunks(state, z)`` is a
+    generator that decodes piece ``z`` and yields each chunk (BCTHW, in ``chunk_value_range``) as soon as
+    no later latent can change it, adding each decoded latent frame to ``state.decoded``; the base's
+    ``feed`` checks the piece against the state, runs the module's forward hook and turns autograd off
+    before calling it. ``end_chunks(state)`` ends the stream: it frees the caches when called and returns
+    the chunks it still held back (default: none). The base's ``iter_chunks`` then decodes whole latents
+    as one piece; run :func:`streamvae.testing.check_chunked_decoder` on it.
+
+    Threads: only shape checks run on the event loop. Each piece is prepared (cast, device copy), checked
+    for NaN and ±inf and decoded in the stream's worker thread, a CUDA decode on that thread's own
+    stream; the module's forward hook runs once per piece, as ``vae.decode`` would (offloading moves the
+    weights back before each). Errors and cancellation follow :func:`streamvae.decode_to_mp4`: the worker
+    thread is never abandoned (a cancelled stream waits for the current decoder step), nothing outlives
+    the block, and the original error is raised. Leaving the block without :meth:`LatentStream.finish`
+    (an error, a cancellation, a client gone) aborts the session and ends the stream's state, freeing its
+    caches.
+    """
+    decoder = as_decoder(vae)
+    decoder.check_takes_pieces(owner="open_latent_stream")
+    limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
+    session = ChunkedVideoMP4Session(options=_session_options(decoder, session_options))
+    async with session:
+        stream = LatentStream(decoder, session, limiter)
+        try:
+            yield stream
+        finally:
+            stream._leave()
+
+
+@dataclass(frozen=True)
+class LatentStreamStatistics:
+    """A snapshot of a :class:`LatentStream`'s counters (:meth:`LatentStream.statistics`)."""
+
+    pieces_pushed: int  # pieces push_latents handed to the decode
+    latent_frames_pushed: int  # latent frames in those pieces
+    latent_frames_decoded: int  # latent frames decoded, their chunks handed to the session
+    chunks_pushed: int  # chunks handed to the session
+
+
+class LatentStream:
+    """Latent pieces in, MP4 bytes out: what :func:`open_latent_stream` yields.
+
+    ``session`` is the :class:`streamvae.ChunkedVideoMP4Session` the chunks go to (its counters, its
+    transfer statistics); ``decoder`` the :class:`~streamvae.models.ChunkedDecoder` that decodes them.
+    """
+
+    def __init__(
+        self, decoder: ChunkedDecoder, session: ChunkedVideoMP4Session, limiter: anyio.CapacityLimiter
+    ) -> None:
+        #: the session the decoded chunks are pushed into
+        self.session = session
+        #: the decoder (its state for this stream is the stream's own)
+        self.decoder = decoder
+        self._limiter = limiter
+        # No buffer: a piece changes hands only when the worker is ready to decode it (backpressure).
+        self._pieces_send, self._pieces_receive = anyio.create_memory_object_stream[Tensor](0)
+        self._phase: Literal["open", "finishing", "finished", "closed"] = "open"
+        self._aborted = False  # the block was left before finish() was done
+        self._busy = False  # a push or finish is in progress
+        self._started = False  # the worker runs (from the first push)
+        self._done = anyio.Event()  # the worker has ended
+        self._error: Exception | None = None  # what the decode failed with, raised by push and finish
+        self._shape: tuple[int, int, int, int] | None = None  # batch, channels, height, width
+        self._pieces_pushed = 0
+        self._latent_frames_pushed = 0
+        self._latent_frames_decoded = 0  # written by the worker thread
+        self._chunks_pushed = 0  # written by the worker thread
+
+    def statistics(self) -> LatentStreamStatistics:
+        """The stream's counters now; the session's are at :attr:`session`."""
+        return LatentStreamStatistics(
+            pieces_pushed=self._pieces_pushed,
+            latent_frames_pushed=self._latent_frames_pushed,
+            latent_frames_decoded=self._latent_frames_decoded,
+            chunks_pushed=self._chunks_pushed,
+        )
+
+    async def push_latents(self, z: Tensor) -> None:
+        """Hand the next piece ``z`` [B, C, t, H, W] (t ≥ 1) to the decode.
+
+        Returns once the worker has taken the piece, which it does when the previous piece is decoded and
+        its chunks are in the session: at most one piece decodes while the caller prepares the next, and
+        a slow encoder or reader slows this call (backpressure). The decode reads ``z`` until the next
+        ``push_latents`` or :meth:`finish` returns: do not write into it before then.
+
+        Checked here, before any work, shapes only: a 5-D tensor with the decoder's channel count and
+        t ≥ 1, and the same batch, channels, height and width as the first piece (ValueError naming what
+        changed; the stream goes on). NaN and ±inf are checked in the worker: such a piece fails the
+        stream with a ValueError, raised by the next ``push_latents`` or :meth:`finish`, and nothing after
+        it is decoded. A failed decode or session raises its original error here.
+        """
+        self._raise_if_failed()
+        if self._phase != "open":
+            raise SessionClosedError(f"push_latents() on a latent stream that is {self._phase}")
+        shape = self._check_piece(z)
+        if self._busy:
+            raise anyio.BusyResourceError("pushing latents to")
+        if not self._started:
+            self.session.start_producer(self._decode_pieces)
+            self._started = True
+        self._busy = True
+        try:
+            await self._pieces_send.send(z)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._raise_if_failed()
+            raise SessionClosedError("push_latents() on a latent stream whose decode has ended") from None
+        finally:
+            self._busy = False
+        self._shape = shape
+        self._pieces_pushed += 1
+        self._latent_frames_pushed += z.shape[2]
+
+    async def finish(self) -> list[bytes]:
+        """Decode what is left, end the stream's state (pushing any chunk it held back), then finish the
+        session: one MP4 per batch entry, as :func:`streamvae.decode_to_mp4` returns them (``b""`` for an
+        entry read through :meth:`open_stream`). Raises the decode's or the session's original error."""
+        self._raise_if_failed()
+        if self._phase != "open":
+            raise SessionClosedError(f"finish() on a latent stream that is {self._phase}")
+        if self._busy:
+            raise anyio.BusyResourceError("pushing latents to")
+        self._phase = "finishing"
+        self._pieces_send.close()
+        if self._started:
+            await self._done.wait()
+        self._raise_if_failed()
+        videos = await self.session.finish()
+        self._phase = "finished"
+        return videos
+
+    def open_stream(self, entry: int = 0, *, max_buffered: int = 4) -> MP4ByteStream:
+        """Deliver entry ``entry``'s bytes as they are written (see
+        :meth:`streamvae.ChunkedVideoMP4Session.open_stream`); call it before the first push. With
+        ``output="fragmented"`` fragments arrive while later pieces are still to come."""
+        if self._started or self._phase != "open":
+            raise SessionClosedError("open_stream() must be called before the first push_latents()")
+        return self.session.open_stream(entry, max_buffered=max_buffered)
+
+    # -- event loop side --
+
+    def _check_piece(self, z: Tensor) -> tuple[int, int, int, int]:
+        self.decoder.check_latents(z, owner="push_latents")  # a 5-D tensor, the channels, t >= 1
+        batch, channels, _, height, width = z.shape
+        shape = (batch, channels, height, width)
+        if self._shape is not None and shape != self._shape:
+            changed = ", ".join(
+                f"{name} {now} (the first piece's: {first})"
+                for name, now, first in zip(_DIMS, shape, self._shape, strict=True)
+                if now != first
+            )
+            raise ValueError(
+                "push_latents: every piece must have the first piece's batch, channels, height and width "
+                f"{list(self._shape)}; this one has {changed}"
+            )
+        return shape
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _leave(self) -> None:
+        """The block ends: a worker waiting for a piece stops (without end chunks unless finishing)."""
+        if self._phase != "finished":
+            self._aborted = True
+        self._phase = "closed"
+        self._pieces_send.close()
+
+    async def _decode_pieces(self) -> None:
+        """The session's producer task: runs the worker thread from the first piece to the stream's end."""
+        try:
+            # A limiter of its own: the decode limiter is taken per piece, inside the worker.
+            await anyio.to_thread.run_sync(self._work, limiter=anyio.CapacityLimiter(1))
+        except Exception as error:
+            # The worker has ended (never abandoned); a cancelled stream sees its cancellation instead.
+            await anyio.lowlevel.checkpoint_if_cancelled()
+            if self._aborted:
+                return  # the block was left: what the worker raised is the abort's consequence
+            self._error = error
+            raise  # the session fails with it: its streams and the block raise it too
+        finally:
+            self._pieces_receive.close()  # a push waiting for a worker that has ended raises
+            self._done.set()
+
+    # -- worker thread --
+
+    def _work(self) -> None:
+        """Decode each piece as it arrives, in order; at finish(), end the state and push what it gives."""
+        decoder = self.decoder
+        publish = self._counting(_chunk_bridge(self.session, "open_latent_stream"))
+        state: DecodeState | None = None
+        device: torch.device | None = None
+        try:
+            for index in itertools.count():
+                piece = self._next_piece()
+                if piece is None:
+                    break
+                with self._decode_turn():
+                    z = decoder.prepare_latents(piece)
+                    device = z.device
+                    with _own_stream(device):
+                        check_finite_latents(z, owner=f"push_latents (piece {index})")
+                        if state is None:
+                            state = decoder.start(z.shape[0], z.shape[3], z.shape[4])
+                        publish_chunks(decoder.feed(state, z), publish)
+                self._latent_frames_decoded += z.shape[2]
+                del piece, z  # held no longer than its decode (a prepared latent may be a device copy)
+            if state is not None and device is not None and not self._aborted:
+                with self._decode_turn(), _own_stream(device):
+                    publish_chunks(decoder.end(state), publish)
+        finally:
+            if state is not None:  # after a failure or an abort: free the caches now, publish nothing
+                chunks = decoder.end(state)
+                if isinstance(chunks, Generator):
+                    chunks.close()
+
+    def _counting(self, on_chunk: Callable[[Tensor], None]) -> Callable[[Tensor], None]:
+        def publish(chunk: Tensor) -> None:
+            on_chunk(chunk)
+            self._chunks_pushed += 1
+
+        return publish
+
+    def _next_piece(self) -> Tensor | None:
+        """The next piece, or None once the stream is closed (by finish() or by leaving the block)."""
+        try:
+            return _from_loop(self._pieces_receive.receive)
+        except anyio.EndOfStream:
+            return None
+
+    @contextlib.contextmanager
+    def _decode_turn(self) -> Iterator[None]:
+        """Hold a token of the decode limiter, on the stream's behalf, for one piece."""
+        _from_loop(self._limiter.acquire_on_behalf_of, self)
+        try:
+            yield
+        finally:
+            anyio.from_thread.run_sync(self._limiter.release_on_behalf_of, self)
+
+
+def _from_loop(func: Callable[..., Coroutine[Any, Any, _T]], *args: Any) -> _T:
+    """Worker thread: run ``func`` on the event loop; a cancelled stream's cancellation (trio's
+    ``Cancelled`` reaches the thread) becomes an ordinary exception, so the worker ends by its rules."""
+    try:
+        anyio.from_thread.check_cancelled()
+        return anyio.from_thread.run(func, *args)
+    except Exception:
+        raise
+    except BaseException as cancelled:
+        raise _DecodeAbandoned("the latent stream was cancelled") from cancelled
