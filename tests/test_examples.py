@@ -1,8 +1,11 @@
-"""The examples run: a caller-owned producer loop pushing clips, and the app mounted in another app."""
+"""The examples run: a caller-owned producer loop pushing clips, the app mounted in another app, and latents
+streamed as a stand-in model generates them."""
 
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -42,3 +45,21 @@ async def test_the_mounted_app_serves_its_page_video_and_the_host_routes() -> No
     assert health == {"ok": True, "decoding": 0, "waiting": 0}
     assert page.status_code == 200 and "<video" in page.text
     assert video.status_code == 200 and read_mp4(video.content).frames.shape == (5, 32, 32, 3)
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_realtime_example_writes_the_video_while_latents_arrive_step_by_step(
+    tmp_path: Path, backend: str
+) -> None:
+    output = tmp_path / "realtime.mp4"
+    command = [sys.executable, str(EXAMPLES / "realtime.py"), "-o", str(output), "--backend", backend]
+    command += ["--frames", "9", "--size", "32", "--delay", "0.01"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert [line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("step")] == [
+        "step 1/3",
+        "step 2/3",
+        "step 3/3",
+    ]
+    assert "first bytes at" in result.stdout
+    assert read_mp4(output.read_bytes()).frames.shape == (9, 32, 32, 3)
