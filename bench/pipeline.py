@@ -30,6 +30,7 @@ import anyio
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _patterns import moving_waves
 from _report import DOCS, write_section
 
 from streamvae import ChunkedVideoMP4Session, quantize_chunk, quantize_chunk_yuv420
@@ -49,16 +50,7 @@ def chunk_sizes(frames: int) -> list[int]:
 
 def source_chunks(distinct: int = 4) -> list[torch.Tensor]:
     """A few distinct 4-frame chunks of a moving pattern; the producer cycles through them."""
-    t = torch.arange(distinct * 4, dtype=torch.float32)[:, None, None]
-    y = torch.linspace(-1, 1, HEIGHT)[None, :, None]
-    x = torch.linspace(-1, 1, WIDTH)[None, None, :]
-    video = torch.stack(
-        [
-            torch.sin(3 * x + 0.3 * t + y),
-            torch.cos(2 * y - 0.2 * t) * torch.cos(2 * x),
-            torch.sin(5 * (x * x + y * y) - 0.25 * t),
-        ]
-    )[None]
+    video = moving_waves(distinct * 4, HEIGHT, WIDTH)
     return [video[:, :, 4 * i : 4 * i + 4].contiguous() for i in range(distinct)]
 
 

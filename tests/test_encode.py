@@ -1,8 +1,10 @@
-"""The per-entry encoder: what it holds once it is closed."""
+"""The per-entry encoder: what it holds once it is closed, and when a fragment's frames leave."""
 
 from __future__ import annotations
 
 import gc
+import io
+import struct
 import weakref
 from collections.abc import Iterator
 from fractions import Fraction
@@ -12,7 +14,9 @@ import av
 import numpy as np
 import pytest
 
-from streamvae._encode import EntryEncoder
+from streamvae._encode import EntryEncoder, merge_codec_options
+from streamvae._fragments import FragmentCounter
+from tests._media import DETERMINISTIC_X264, moving_pattern, psnr, read_mp4, to_rgb_uint8
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
 
@@ -92,3 +96,140 @@ def test_yuv420p_frames_wrap_the_slot_only_for_encoders_that_copy_the_picture(
     for index, (pointer, luma) in enumerate(seen):
         assert (pointer == slot[index].ctypes.data) == zero_copy
         assert luma[: 32 * 32] == slot[index, :32].tobytes()  # the same picture either way
+
+
+# -- fragmented output: what leaves when --
+
+
+def fragment_frames(data: bytes) -> list[int]:
+    """The video (track 1) samples of each whole fragment in ``data``, walking the boxes plainly."""
+    counts, start = [], 0
+    while start + 8 <= len(data):
+        size, kind = struct.unpack_from(">I4s", data, start)
+        if kind == b"moof" and start + size <= len(data):
+            counts.append(_track_samples(data, start + 8, start + size))
+        start += size
+    return counts
+
+
+def _track_samples(data: bytes, start: int, end: int) -> int:
+    samples = 0
+    while start < end:
+        size, kind = struct.unpack_from(">I4s", data, start)
+        if kind == b"traf":
+            inner, track, count = start + 8, 0, 0
+            while inner < start + size:
+                child_size, child = struct.unpack_from(">I4s", data, inner)
+                if child == b"tfhd":
+                    track = struct.unpack_from(">I", data, inner + 12)[0]
+                elif child == b"trun":
+                    count += struct.unpack_from(">I", data, inner + 12)[0]
+                inner += child_size
+            samples += count if track == 1 else 0
+        start += size
+    return samples
+
+
+def decoded_frames(data: bytes) -> int:
+    """Frames PyAV decodes from the bytes of a fragmented MP4 received so far."""
+    with av.open(io.BytesIO(data)) as container:
+        return sum(1 for _ in container.decode(video=0))
+
+
+CLIP = np.ascontiguousarray(to_rgb_uint8(moving_pattern(0, 25, height=64, width=96))[0])
+GROUPS = [1, 4, 4, 4, 4, 4, 4]  # how a causal VAE publishes 25 frames
+
+
+def test_a_groups_frames_leave_with_the_next_groups_first_frame() -> None:
+    encoder = EntryEncoder(
+        fps=Fraction(16), output="fragmented", video_codec_options=DETERMINISTIC_X264, keyframe_interval=16
+    )
+    received, start = b"", 0
+    try:
+        for size in GROUPS:
+            if start:
+                # the next group's first frame alone: every frame before it must be out
+                received += encoder.encode(CLIP[start : start + 1])
+                assert decoded_frames(received) == sum(fragment_frames(received)) == start
+                assert encoder.frames_out == start
+            received += encoder.encode(CLIP[start + (start > 0) : start + size])
+            start += size
+        received += encoder.finish()
+    finally:
+        encoder.close()
+    assert fragment_frames(received) == [1] * 25  # one fragment a frame (a transfer group of 1)
+    assert read_mp4(received).frames.shape[0] == encoder.frames_out == 25
+
+
+def test_fragment_frames_cuts_every_n_frames_whatever_the_keyframes() -> None:
+    encoder = EntryEncoder(
+        fps=Fraction(16),
+        output="fragmented",
+        video_codec_options=DETERMINISTIC_X264,
+        keyframe_interval=6,
+        fragment_frames=4,
+    )
+    data = encoder.encode(CLIP) + encoder.finish()
+    assert fragment_frames(data) == [4] * 6 + [1]
+    with av.open(io.BytesIO(data)) as container:
+        keyframes = [p.is_keyframe for p in container.demux(video=0) if p.size]
+    starts = set(range(0, 25, 4))
+    assert keyframes[0] and not all(keyframes[i] for i in starts)  # only the first must start on one
+    assert any(key and i not in starts for i, key in enumerate(keyframes))  # keyframes cut no fragment
+
+
+@pytest.mark.parametrize(("fps", "rate"), [(16, 16000), (8, 48000), (30, 44100)])
+def test_fragments_of_one_frame_with_audio_keep_every_frame_at_its_time(fps: int, rate: int) -> None:
+    # FFmpeg 8.1 gives a single-frame fragment closed by an audio packet a duration of 0, and shifts the
+    # frames after it, unless the muxer is told a fragment's least duration.
+    encoder = EntryEncoder(
+        fps=Fraction(fps),
+        output="fragmented",
+        video_codec_options={"threads": "1"},
+        audio=np.zeros((1, rate * 4), np.float32),
+        audio_sample_rate=rate,
+    )
+    data = b"".join(encoder.encode(CLIP[i : i + 1]) for i in range(25)) + encoder.finish()
+    with av.open(io.BytesIO(data)) as container:
+        times = [float(p.pts * p.time_base) * fps for p in container.demux(video=0) if p.size]
+    assert times == pytest.approx(list(range(25)))
+    assert read_mp4(data).frames.shape[0] == 25
+
+
+def test_fragmented_output_defaults_to_zerolatency_and_a_users_tune_replaces_it() -> None:
+    assert merge_codec_options("libx264", None, "fragmented")["tune"] == "zerolatency"
+    assert merge_codec_options("libx264", {"tune": "film"}, "fragmented")["tune"] == "film"
+    assert "tune" not in merge_codec_options("libx264", None, "mp4")  # a plain MP4 is unchanged
+    encoder = EntryEncoder(fps=Fraction(16), output="fragmented", video_codec_options={"threads": "1"})
+    try:
+        # zerolatency: frame 0's packet comes with frame 0, so frame 1 closes its fragment
+        assert encoder.encode(CLIP[:1]) == b""  # the moov waits for the first fragment
+        assert decoded_frames(encoder.encode(CLIP[1:2])) == 1
+    finally:
+        encoder.close()
+
+
+def test_a_users_tune_brings_b_frames_back_and_the_video_still_starts_at_zero() -> None:
+    encoder = EntryEncoder(
+        fps=Fraction(16), output="fragmented", video_codec_options={"threads": "1", "tune": "film"}
+    )
+    data = b"".join(encoder.encode(CLIP[i : i + 4]) for i in range(0, 25, 4)) + encoder.finish()
+    video = read_mp4(data)
+    assert video.frames.shape[0] == 25 and video.video_start == 0
+    assert psnr(video.frames, CLIP) > 35
+
+
+@pytest.mark.parametrize("piece", [1, 7, 4096])
+def test_the_fragment_counter_counts_whole_fragments_however_the_bytes_are_cut(piece: int) -> None:
+    encoder = EntryEncoder(fps=Fraction(16), output="fragmented", video_codec_options={"threads": "1"})
+    data = b"".join(encoder.encode(CLIP[i : i + 1]) for i in range(25)) + encoder.finish()
+    counter, seen = FragmentCounter(), []
+    for start in range(0, len(data), piece):
+        counter.feed(data[start : start + piece])
+        seen.append(counter.samples)
+    assert counter.samples == 25 and counter.fragments == 25
+    assert seen == sorted(seen)  # a fragment counts once, when its mdat is whole
+    head = data[: data.index(b"mdat") - 4]  # up to the first fragment's mdat: no frame yet
+    partial = FragmentCounter()
+    partial.feed(head)
+    assert partial.samples == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import platform
 import socket
 from collections.abc import Iterator
@@ -272,7 +273,37 @@ async def test_the_page_has_a_video_element_and_a_form() -> None:
         "failed": 0,
         "rejected": 0,
         "open_containers": open_containers(),
+        "latency": {
+            "requests": 0,
+            "first_fragment_median": None,
+            "first_fragment_max": None,
+            "chunk_latency_median": None,
+            "chunk_latency_max": None,
+        },
     }
+
+
+async def test_each_request_logs_its_latency_and_stats_summarizes_the_completed_ones(
+    events: EventLog, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="streamvae.server")
+    app = create_app(on_event=events, session_options=PINNED)
+    with running_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            for seed in range(2):
+                body = await fetch(client, f"/video.mp4?frames=9&size=32&seed={seed}")
+            await wait_for(events, "completed", 2)
+            stats = (await client.get("/stats")).json()
+    assert read_mp4(body).frames.shape[0] == 9
+    latency = stats["latency"]
+    assert latency["requests"] == 2
+    assert 0 < latency["first_fragment_median"] <= latency["first_fragment_max"]
+    assert 0 < latency["chunk_latency_median"] <= latency["chunk_latency_max"]
+    lines = [
+        r.getMessage() for r in caplog.records if r.name == "streamvae.server" and r.levelno == logging.INFO
+    ]
+    assert len(lines) == 2 and all("completed" in line and "3 of 3 chunks" in line for line in lines)
+    assert lines[0].startswith("request 1 ") and "first fragment after" in lines[0]
 
 
 def test_create_app_rejects_bad_limits() -> None:

@@ -246,6 +246,9 @@ async def test_push_from_a_worker_thread_with_backpressure() -> None:
         ({"value_range": (1, 0)}, "value_range"),
         ({"pixel_format": "nv12"}, "pixel_format"),
         ({"output": "webm"}, "output"),
+        ({"output": "fragmented", "fragment_frames": 0}, "fragment_frames"),
+        ({"output": "fragmented", "fragment_frames": 2.0}, "fragment_frames"),
+        ({"fragment_frames": 4}, "fragment_frames applies to output='fragmented'"),
         ({"video_codec_options": {"crf": 18}}, "video_codec_options"),
         ({"audio_waveforms": [np.zeros(10, np.float32)]}, "audio_sample_rate"),
         (

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import math
 from pathlib import Path
+from typing import Any
 
 import anyio
 import av
 import numpy as np
 import pytest
+import torch
+from anyio.streams.memory import MemoryObjectSendStream
 
-from streamvae import ChunkedVideoMP4Session, MP4ByteStream, SessionClosedError
+from streamvae import ChunkedVideoMP4Session, MP4ByteStream, SessionClosedError, UnreadStreamError
+from streamvae._encode import EntryEncoder
+from streamvae._statistics import SessionStatistics
 from streamvae.testing import open_containers
 from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4, wan_like_chunks
 
@@ -185,3 +192,151 @@ async def test_open_stream_is_checked() -> None:
         with pytest.raises(SessionClosedError, match="before the first push"):
             session.open_stream(0)
         session.fail(None)
+
+
+# -- a fragment per chunk: when a chunk's frames leave --
+
+
+def decoded_frames(data: bytes) -> int:
+    """Frames PyAV decodes from the bytes of a fragmented MP4 received so far."""
+    if not data:
+        return 0
+    with av.open(io.BytesIO(data)) as container:
+        return sum(1 for _ in container.decode(video=0))
+
+
+async def count_frames(stream: MP4ByteStream, totals: MemoryObjectSendStream[int]) -> None:
+    received = b""
+    async with totals:
+        async for data in stream:
+            received += data
+            await totals.send(decoded_frames(received))
+
+
+@pytest.mark.parametrize(
+    ("batch_frames", "chunks"),
+    [
+        (1, wan_like_chunks(7)),  # 1 + 6 × 4 frames, a transfer (and a fragment) a frame
+        (4, [moving_pattern(4 * i, 4) for i in range(6)]),  # a transfer of 4 frames a chunk
+    ],
+)
+async def test_a_chunks_frames_leave_no_later_than_the_next_chunks_first_frame(
+    batch_frames: int, chunks: list[torch.Tensor]
+) -> None:
+    totals_send, totals = anyio.create_memory_object_stream[int](math.inf)
+    async with (
+        ChunkedVideoMP4Session(
+            value_range=(-1, 1),
+            fps=16,
+            output="fragmented",
+            batch_frames=batch_frames,
+            video_codec_options=PINNED,
+        ) as session,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(count_frames, session.open_stream(0), totals_send)
+        out = pushed = 0
+        for chunk in chunks:
+            await session.push(chunk)
+            # Nothing more is pushed until every frame before this chunk has arrived (the test fails,
+            # not hangs, if the session held one back for a later chunk).
+            with anyio.fail_after(60):
+                while out < pushed:
+                    out = await totals.receive()
+            pushed += chunk.shape[2]
+        await session.finish()
+    assert session.statistics().chunks_out == len(chunks)
+
+
+async def test_statistics_give_the_time_to_the_first_fragment_and_each_chunks_latency() -> None:
+    chunks = wan_like_chunks(7)
+    received: list[bytes] = []
+    async with (
+        ChunkedVideoMP4Session(
+            value_range=(-1, 1), fps=16, output="fragmented", video_codec_options=PINNED
+        ) as session,
+        anyio.create_task_group() as tg,
+    ):
+        before = session.statistics()
+        tg.start_soon(read_all, session.open_stream(0), received)
+        for chunk in chunks:
+            await session.push(chunk)
+        await session.finish()
+    stats = session.statistics()
+    assert before == SessionStatistics(
+        time_to_first_push=None,
+        time_to_first_fragment=None,
+        chunks_pushed=0,
+        chunks_out=0,
+        chunk_latency_median=None,
+        chunk_latency_max=None,
+        frames_pushed=0,
+        frames_encoded=0,
+        bytes_out=0,
+    )
+    assert stats.time_to_first_push is not None and stats.time_to_first_fragment is not None
+    assert 0 <= stats.time_to_first_push < stats.time_to_first_fragment
+    assert stats.chunks_pushed == stats.chunks_out == 7
+    assert stats.chunk_latency_median is not None and stats.chunk_latency_max is not None
+    assert 0 < stats.chunk_latency_median <= stats.chunk_latency_max
+    assert stats.frames_pushed == stats.frames_encoded == 25
+    assert stats.bytes_out == len(b"".join(received))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.chunks_out = 0  # type: ignore[misc]
+    assert session.statistics() == stats  # a snapshot: the session is done, nothing changes
+
+
+async def test_a_plain_mp4s_chunks_leave_at_finish() -> None:
+    async with ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, video_codec_options=PINNED) as session:
+        for chunk in wan_like_chunks(4):
+            await session.push(chunk)
+        assert session.statistics().chunks_out == 0  # a plain MP4 is only complete at the end
+        assert session.statistics().time_to_first_fragment is None
+        await session.finish()
+    stats = session.statistics()
+    assert stats.chunks_out == stats.chunks_pushed == 4 and stats.time_to_first_fragment is not None
+
+
+async def test_a_transfer_groups_first_frame_is_encoded_alone_so_the_group_before_leaves_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[int, int]] = []  # (frames given, frames out before the call)
+    encode = EntryEncoder.encode
+
+    def spy(self: EntryEncoder, frames: Any) -> bytes:
+        calls.append((len(frames), self.frames_out))
+        return encode(self, frames)
+
+    monkeypatch.setattr(EntryEncoder, "encode", spy)
+    async with ChunkedVideoMP4Session(
+        value_range=(-1, 1), fps=16, output="fragmented", batch_frames=4, video_codec_options=PINNED
+    ) as session:
+        for start in range(0, 12, 4):
+            await session.push(moving_pattern(start, 4))
+        (video,) = await session.finish()
+    # The first frame of a group closes the fragment of the group before, whose bytes are handed on
+    # before the rest of the group is encoded.
+    assert calls == [(1, 0), (3, 0), (1, 0), (3, 4), (1, 4), (3, 8)]
+    assert read_mp4(video).frames.shape[0] == 12
+
+
+async def test_an_unread_entry_is_reported_when_groups_are_handed_on_early() -> None:
+    # A group's first frame is handed on before the rest only if its stream has room: waiting there
+    # would hold the group's slot, and an unread entry would then stop the ring instead of being named.
+    with anyio.fail_after(120), pytest.raises(UnreadStreamError, match="entry 1's stream is full"):
+        async with ChunkedVideoMP4Session(
+            value_range=(-1, 1), fps=16, output="fragmented", batch_frames=4, video_codec_options=PINNED
+        ) as session:
+            first, second = session.open_stream(0), session.open_stream(1)
+
+            async def produce() -> None:
+                for start in range(0, 120, 4):
+                    await session.push(moving_pattern(start, 4, batch=2, height=16, width=16))
+                await session.finish()
+
+            session.start_producer(produce)
+            async for _ in first:
+                pass
+            async for _ in second:
+                pass
+    assert open_containers() == 0

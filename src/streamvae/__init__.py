@@ -13,6 +13,7 @@ from streamvae._protocol import ChunkPublisher, SupportsChunkedVAEDecode, publis
 from streamvae._quantize import quantize_chunk, quantize_chunk_yuv420
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream, read_entries
+from streamvae._statistics import SessionStatistics
 from streamvae._transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing, RingAbortedError
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "RingAbortedError",
     "SessionClosedError",
     "SessionOptions",
+    "SessionStatistics",
     "StageSpan",
     "StreamVAEError",
     "SupportsChunkedVAEDecode",

@@ -139,7 +139,7 @@ async def stream_mp4(
     """Decode ``z`` in the background and give one fragmented-MP4 byte stream per batch entry.
 
     ``async with stream_mp4(vae, z, fps=16) as (video,): async for data in video: ...`` — bytes leave as
-    soon as each fragment (one a second by default) is written, while the decode goes on. The batch size
+    soon as each fragment (one per chunk by default) is written, while the decode goes on. The batch size
     must be known up front, so it is ``z.shape[0]``. A slow reader backs pressure up into the decode.
     The entries share that pipeline: read them at once (:func:`streamvae.read_entries`, or a task per
     stream), not one after the other — a full, unread entry stops every entry, and the session then fails

@@ -1,6 +1,7 @@
 """Encode: one MP4 per batch entry, H.264 (or another FFmpeg codec) with an optional AAC track.
 
-An :class:`EntryEncoder` is driven from a worker thread, one call per transferred chunk. It never crosses
+An :class:`EntryEncoder` is driven from a worker thread, a call or two per transfer group (fragmented
+output: its first frame alone, which closes the previous group's fragment, then the rest). It never crosses
 into the event loop: the bytes the muxer writes are collected in memory and handed back as the return
 value of :meth:`EntryEncoder.encode` / :meth:`EntryEncoder.finish`, between frames — PyAV swallows a
 ``BaseException`` raised inside a ``write()`` callback and would "complete" a truncated file.
@@ -8,10 +9,7 @@ value of :meth:`EntryEncoder.encode` / :meth:`EntryEncoder.finish`, between fram
 
 from __future__ import annotations
 
-import difflib
-import functools
 import io
-import os
 import threading
 from collections.abc import Callable, Mapping
 from fractions import Fraction
@@ -22,6 +20,16 @@ import av
 import numpy as np
 from av.video.reformatter import ColorRange, Colorspace
 
+from streamvae._encode_options import (
+    OutputKind,
+    as_fps,
+    check_video_codec,
+    check_waveform,
+    container_options,
+    default_codec_options,
+    merge_codec_options,
+)
+from streamvae._fragments import FragmentCounter
 from streamvae._output_file import OutputFile
 
 __all__ = [
@@ -37,106 +45,14 @@ __all__ = [
 ]
 
 PixelFormat = Literal["rgb24", "yuv420p"]
-#: ``"mp4"``: one complete MP4 with the moov at the front, available at the end.
-#: ``"fragmented"``: fragmented MP4 (moov first, then a fragment per keyframe), available as it is written.
-OutputKind = Literal["mp4", "fragmented"]
 
 # FFmpeg's AVCOL_* codes for BT.709 primaries / transfer / matrix, and limited ("MPEG") range.
 _BT709 = 1
 _LIMITED_RANGE = 1
 
-_FRAGMENT_FLAGS = "frag_keyframe+empty_moov+default_base_moof"
-
-
-def default_codec_options(codec: str) -> dict[str, str]:
-    """Options that keep an x264/x265 encode up with a GPU decode: crf 18, veryfast, a bounded thread count.
-
-    The thread count is ``min(4, cores)``; pin ``threads`` yourself for byte-identical output across machines.
-    """
-    if codec not in {"libx264", "libx265"}:
-        return {}
-    return {"crf": "18", "preset": "veryfast", "threads": str(min(4, os.cpu_count() or 1))}
-
-
-@functools.cache
-def _codec_option_names(codec: str) -> frozenset[str]:
-    options = av.codec.CodecContext.create(codec, "w").supported_options
-    return frozenset(option.name for option in (*options.generic, *options.private))
-
-
-def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -> None:
-    """Raise ValueError unless ``codec`` names a video encoder of this PyAV build and every key of
-    ``options`` is an option that encoder has (FFmpeg would silently ignore an unknown one)."""
-    if not isinstance(codec, str) or not codec:
-        raise ValueError(f"video_codec must be an FFmpeg video encoder name such as 'libx264', got {codec!r}")
-    try:
-        kind = av.codec.Codec(codec, "w").type
-    except av.codec.codec.UnknownCodecError:
-        raise ValueError(
-            f"video_codec {codec!r} is not an encoder of this PyAV build "
-            f"(FFmpeg {av.ffmpeg_version_info}); try 'libx264'"
-        ) from None
-    if kind != "video":
-        raise ValueError(f"video_codec {codec!r} is an {kind} encoder, not a video encoder; try 'libx264'")
-    known = _codec_option_names(codec)
-    for name in options or {}:
-        if name not in known:
-            nearest = difflib.get_close_matches(name, known, n=3)
-            hint = f"; did you mean {' or '.join(map(repr, nearest))}?" if nearest else ""
-            raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
-
-
 #: Encoders that copy each input picture inside ``encode()`` (x264_encoder_encode / x265_encoder_encode copy
 #: it into their own frames), so a frame may wrap memory the caller reuses as soon as the call returns.
 _COPYING_ENCODERS = frozenset({"libx264", "libx265"})
-
-# Options that choose another rate control than the default crf (x264 would let crf win over them).
-_RATE_CONTROL_OPTIONS = {"qp", "b", "bitrate", "cqp"}
-
-
-def merge_codec_options(codec: str, options: Mapping[str, str] | None) -> dict[str, str]:
-    """The user's codec options over :func:`default_codec_options`; the default crf is left out when the
-    user picked another rate control (``qp``, ``b``), which x264 would otherwise ignore in favour of crf."""
-    merged = default_codec_options(codec)
-    options = dict(options or {})
-    if _RATE_CONTROL_OPTIONS & options.keys():
-        merged.pop("crf", None)
-    return {**merged, **options}
-
-
-#: The frame rates a session accepts. Outside them the MP4 time base is not representable (1e-4 fps rounds
-#: to 0 with denominators up to 1001) or FFmpeg's muxer writes a file its own demuxer reads wrongly.
-MIN_FPS, MAX_FPS = Fraction(1, 1000), Fraction(1000)
-
-
-def as_fps(fps: object) -> Fraction:
-    """``fps`` as an exact rational (23.976 → 2997/125, 30000/1001 stays), or ValueError unless it is a
-    number between 1/1000 and 1000."""
-    if isinstance(fps, bool) or not isinstance(fps, (int, float, Fraction)):
-        raise ValueError(f"fps must be a number of frames per second, got {fps!r}")
-    if fps != fps or not MIN_FPS <= fps <= MAX_FPS:
-        raise ValueError(f"fps must be a number between 1/1000 and 1000 frames per second, got {fps!r}")
-    return Fraction(fps).limit_denominator(1001)
-
-
-def check_waveform(waveform: object, *, name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """A waveform as float32 ``[channels, samples]`` (1 or 2 channels), or a ValueError naming ``name``."""
-    if hasattr(waveform, "detach"):  # a torch tensor
-        waveform = waveform.detach().cpu().float().numpy()  # type: ignore[attr-defined]
-    if not isinstance(waveform, np.ndarray) or not np.issubdtype(waveform.dtype, np.floating):
-        raise ValueError(f"{name} must be a float array or tensor [samples] or [channels, samples]")
-    if waveform.ndim == 1:
-        waveform = waveform[None]
-    if waveform.ndim != 2 or waveform.shape[0] not in (1, 2):
-        raise ValueError(
-            f"{name} must be 1-D [samples] or 2-D [channels, samples] with 1 or 2 channels, "
-            f"got shape {tuple(waveform.shape)}"
-        )
-    waveform = np.ascontiguousarray(waveform, dtype=np.float32)
-    bad = int(waveform.size - np.count_nonzero(np.isfinite(waveform)))
-    if bad:
-        raise ValueError(f"{name} must be finite, but {bad} of its {waveform.size} samples are NaN or ±inf")
-    return waveform
 
 
 _open_containers = 0
@@ -190,6 +106,10 @@ class EntryEncoder:
     both tracks starting at 0. With ``file``, the MP4 is also written to that path, which holds either
     the complete file (after :meth:`finish`) or what it held before (see :class:`OutputFile`).
 
+    Fragmented output closes a fragment every ``fragment_frames`` frames, whatever the keyframes; the muxer
+    writes it when the next packet arrives, so the bytes :meth:`encode` returns hold every frame before
+    the first one it was given. :attr:`frames_out` counts the frames the returned bytes hold.
+
     Not thread-safe: one caller at a time (the session gives each entry its own task).
     """
 
@@ -204,21 +124,26 @@ class EntryEncoder:
         audio_sample_rate: int | None = None,
         output: OutputKind = "mp4",
         keyframe_interval: int | None = None,
+        fragment_frames: int = 1,
         file: str | Path | None = None,
     ) -> None:
         self.fps = fps
         self.pixel_format = pixel_format
         self.video_codec = video_codec
-        self.codec_options = merge_codec_options(video_codec, video_codec_options)
+        self.codec_options = merge_codec_options(video_codec, video_codec_options, output)
         if keyframe_interval is not None:
             self.codec_options.setdefault("g", str(keyframe_interval))
         self.output = output
+        self.fragment_frames = fragment_frames
         self.file = Path(file) if file is not None else None
         self._audio = audio
         self._sample_rate = audio_sample_rate
         self._audio_sent = 0
         self.frames_encoded = 0
+        #: frames held by the bytes returned so far (a frame waits in the muxer until its fragment closes)
+        self.frames_out = 0
         self.bytes_out = 0
+        self._fragments = FragmentCounter() if output == "fragmented" else None
         self._container: Any = None
         self._video: Any = None
         self._audio_stream: Any = None
@@ -230,23 +155,19 @@ class EntryEncoder:
     # -- opening --
 
     def _open(self, height: int, width: int) -> None:
-        container_options: dict[str, str] = {}
         target: Any
         io_open = None
         if self.output == "fragmented":
-            # delay_moov: the moov waits for the first packets, so it carries the edit list that starts
-            # both tracks at 0 (x264's B-frame delay would otherwise shift the timeline in browsers).
-            container_options["movflags"] = _FRAGMENT_FLAGS + "+delay_moov"
             target = self._collector = _ByteCollector()
         else:
-            container_options["movflags"] = "+faststart"
             target = self._memory = io.BytesIO()
             io_open = _faststart_io_open(self._memory)
         if self.file is not None:
             self._file = OutputFile(self.file)
             self._file.open()
         global _open_containers
-        self._container = av.open(target, mode="w", format="mp4", options=container_options, io_open=io_open)
+        options = container_options(self.output, self.fps, self.fragment_frames)
+        self._container = av.open(target, mode="w", format="mp4", options=options, io_open=io_open)
         with _open_containers_lock:
             _open_containers += 1
         video = self._container.add_stream(self.video_codec, rate=self.fps, options=self.codec_options)
@@ -275,7 +196,7 @@ class EntryEncoder:
         for array in frames:
             frame = self._video_frame(array, height, width)
             frame.pts = self.frames_encoded
-            self._mux(self._video.encode(frame))
+            self._mux_video(self._video.encode(frame))
             self.frames_encoded += 1
         self._send_audio(self._audio_samples_for(self.frames_encoded))
         return self._take_output()
@@ -332,6 +253,13 @@ class EntryEncoder:
         self._mux(self._audio_stream.encode(frame))
         self._audio_sent = until
 
+    def _mux_video(self, packets: list[Any]) -> None:
+        # Every frame lasts one frame. x264 leaves the duration 0, and the muxer then writes a duration of 0
+        # for a frame whose fragment another track's packet closes (a player shows it not at all).
+        for packet in packets:
+            packet.duration = 1
+        self._mux(packets)
+
     def _mux(self, packets: list[Any]) -> None:
         if packets:
             self._container.mux(packets)
@@ -340,6 +268,9 @@ class EntryEncoder:
         data = self._collector.take() if self._collector is not None else b""
         if data and self._file is not None:
             self._file.write(data)
+        if self._fragments is not None:
+            self._fragments.feed(data)
+            self.frames_out = self._fragments.samples
         self.bytes_out += len(data)
         return data
 
@@ -353,7 +284,7 @@ class EntryEncoder:
         if self._container is None:
             raise RuntimeError("EntryEncoder.finish() before any frame was encoded")
         try:
-            self._mux(self._video.encode(None))
+            self._mux_video(self._video.encode(None))
             if self._audio_stream is not None:
                 self._send_audio(self._audio_samples_for(self.frames_encoded))
                 self._mux(self._audio_stream.encode(None))
@@ -364,6 +295,7 @@ class EntryEncoder:
             if self._file is not None:
                 self._file.write(data)
             self.bytes_out += len(data)
+            self.frames_out = self.frames_encoded
         else:
             data = self._take_output()
         self._memory = self._collector = None  # handed over: keep no copy

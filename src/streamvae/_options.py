@@ -21,7 +21,8 @@ import anyio
 import numpy as np
 from torch import Tensor
 
-from streamvae._encode import OutputKind, PixelFormat, as_fps, check_video_codec, check_waveform
+from streamvae._encode import PixelFormat
+from streamvae._encode_options import OutputKind, as_fps, check_video_codec, check_waveform
 from streamvae._errors import ArgumentTypeError, check_int
 from streamvae._output_file import check_output_files
 from streamvae._quantize import check_value_range
@@ -48,14 +49,22 @@ class SessionOptions:
     - ``crop``: ``(height, width)`` to keep from the top-left of each frame, e.g. to trim a decoder's padding.
     - ``transfer_slots``: depth of the host-slot ring; ``0`` selects a plain blocking copy per group.
     - ``video_codec`` / ``video_codec_options``: an FFmpeg video encoder of this PyAV build and its options
-      (names it does not have are refused), merged over the defaults (libx264: ``crf`` 18, ``preset``
-      veryfast, ``threads`` min(4, cores) — pin ``threads`` for byte-identical output).
+      (names it does not have are refused), merged over the defaults (libx264 and libx265: ``crf`` 18,
+      ``preset`` veryfast, ``threads`` min(4, cores) — pin ``threads`` for byte-identical output; with
+      ``output="fragmented"`` also ``tune`` zerolatency, so no frame waits for later ones: a ``tune`` of
+      yours replaces it, and brings B-frames and the lookahead back unless it is zerolatency too).
     - ``pixel_format``: ``"rgb24"`` (quantize to RGB; the host converts with swscale), ``"yuv420p"`` (convert
       on the chunk's device; half the bytes, no host conversion) or ``"auto"``: yuv420p for CUDA chunks,
       rgb24 otherwise (on a CPU the rgb24 path is the cheaper one, see docs/benchmarks.md).
     - ``output``: ``"mp4"`` (a complete MP4 with the moov first) or ``"fragmented"`` (fragmented MP4).
-    - ``keyframe_interval``: frames between keyframes (codec option ``g``); fragmented MP4 writes a fragment
-      per keyframe, so the default for it is one keyframe a second.
+    - ``keyframe_interval``: frames between keyframes (codec option ``g``); for fragmented MP4 the default
+      is one a second (where a player can join or seek), whatever the fragments.
+    - ``fragment_frames`` (fragmented MP4 only): frames per fragment. ``None`` (the default): one fragment
+      per transfer group (``batch_frames`` frames: per frame by default), so a chunk's frames leave no
+      later than the next chunk's first frame is encoded (or at ``finish``) — FFmpeg's muxer closes a
+      fragment only when the next frame arrives. ``N``: a fragment every N frames (fewer bytes of
+      fragment headers, ~100 a fragment; a frame then waits for its fragment's N frames). Fragments need
+      not start on a keyframe; the first one does.
     - ``output_files``: one path per batch entry to also write each MP4 to. A regular file is written to a
       temporary ``<name>.part`` beside it and replaced only when complete (a failure removes only the
       temporary file); a device or FIFO is written directly. Unwritable paths raise here, before any work.
@@ -84,6 +93,8 @@ class SessionOptions:
     output: OutputKind = "mp4"
     #: frames between keyframes; for fragmented MP4 without one given, a keyframe a second
     keyframe_interval: int | None = None
+    #: frames per fragment of fragmented MP4; None: one fragment per transfer group
+    fragment_frames: int | None = None
     output_files: tuple[Path, ...] | None = None
     queue_depth: int = 1
     record_timeline: bool = False
@@ -118,6 +129,10 @@ class SessionOptions:
             check_int("keyframe_interval", self.keyframe_interval, minimum=1)
         elif self.output == "fragmented":
             fix("keyframe_interval", max(1, round(self.fps)))
+        if self.fragment_frames is not None:
+            check_int("fragment_frames", self.fragment_frames, minimum=1)
+            if self.output != "fragmented":
+                raise ValueError("fragment_frames applies to output='fragmented' only (a plain MP4 has none)")
         if self.audio_waveforms is not None:
             fix("audio_waveforms", _check_audio(self.audio_waveforms, self.audio_sample_rate))
         if self.output_files is not None:
@@ -139,6 +154,10 @@ class SessionOptions:
             # A shared budget counts encoder calls: one thread each keeps the threads at work within it.
             options.setdefault("threads", "1")
         return options
+
+    def frames_per_fragment(self) -> int:
+        """Frames per fragment of fragmented output: ``fragment_frames``, or a transfer group's."""
+        return self.fragment_frames if self.fragment_frames is not None else self.batch_frames
 
     def check_first_chunk(self, batch: int, height: int, width: int, *, streamed: Sequence[int] = ()) -> None:
         """Raise ValueError unless the first chunk's shape fits these options: one waveform and file per

@@ -8,7 +8,8 @@
 - **land**: await the copy (an abandonable poll), read the NaN count that travelled with it, hand the
   slot to every entry's encoder.
 - **encode[entry]** (worker thread): PyAV encodes the entry's frames; its bytes go to the entry's sink;
-  the entry releases its reader of the slot.
+  the entry releases its reader of the slot. Fragmented output is handed on after a group's first frame
+  too: that frame's packet closes the fragment holding the previous group, which leaves at once.
 
 Each stage is a task of one task group, joined to the next by a bounded memory-object stream, so a slow
 encoder backs up into the ring and finally into ``push``, never into unbounded memory. Work runs in worker
@@ -37,6 +38,7 @@ from streamvae._errors import RingAbortedError
 from streamvae._options import SessionOptions
 from streamvae._quantize import ChunkQuantizer
 from streamvae._sinks import EntrySink, MP4ByteStream, watch_readers
+from streamvae._statistics import LatencyRecorder
 from streamvae._transfer import ChunkLease, PinnedChunkRing, host_lease
 
 __all__ = ["StagePipeline", "StageSpan"]
@@ -82,6 +84,7 @@ class StagePipeline:
         sinks: list[EntrySink],
         streams: dict[int, MP4ByteStream],
         timeline: list[StageSpan] | None,
+        latency: LatencyRecorder,
         fail: Callable[[BaseException], None],
     ) -> None:
         self.options = options
@@ -91,6 +94,7 @@ class StagePipeline:
         self.sinks = sinks
         self.streams = streams
         self.timeline = timeline
+        self.latency = latency
         self.done = anyio.Event()
         self._fail = fail
         self._scope: anyio.CancelScope | None = None
@@ -319,23 +323,36 @@ class StagePipeline:
         limiter: anyio.CapacityLimiter,
     ) -> None:
         encoder, sink = self.encoders[entry], self.sinks[entry]
+
+        async def encode(frames: Any) -> bytes:
+            with self._span(f"encode[{entry}]"):
+                return await anyio.to_thread.run_sync(encoder.encode, frames, limiter=limiter)
+
         try:
             with leases:
                 async for lease in leases:
                     try:
                         frames = lease.numpy()[entry]
-                        with self._span(f"encode[{entry}]"):
-                            data = await anyio.to_thread.run_sync(encoder.encode, frames, limiter=limiter)
+                        held = b""
+                        if self.options.output == "fragmented" and len(frames) > 1:
+                            # The first frame's packet closes the previous group's fragment: hand it on
+                            # before the rest, unless that would wait (never wait while holding the slot).
+                            held = await encode(frames[:1])
+                            if sink.offer(held):
+                                self.latency.handed_on(entry, encoder.frames_out)
+                                held = b""
+                            frames = frames[1:]
+                        data = held + await encode(frames)
                         del frames
                     finally:
                         # Nothing reads the slot once encode() returned: rgb24 was converted into a
                         # frame PyAV owns, and yuv420p frames wrap the slot only for encoders that copy
                         # the picture inside encode() (x264, x265; EntryEncoder copies for others).
                         lease.release()
-                    await sink.write(data)
+                    await self._hand_on(entry, data)
                 with self._span(f"encode[{entry}]"):
                     data = await anyio.to_thread.run_sync(encoder.finish, limiter=limiter)
-                await sink.write(data)
+                await self._hand_on(entry, data)
                 sink.complete()
         except Exception as error:
             # Record it before the cleanup below yields: neighbours ending meanwhile must find it.
@@ -345,6 +362,12 @@ class StagePipeline:
             sink.close()
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(encoder.close, limiter=limiter)
+
+    async def _hand_on(self, entry: int, data: bytes) -> None:
+        """Give ``data`` to the entry's sink and record the frames it holds as out (the latency numbers)."""
+        frames_out = self.encoders[entry].frames_out  # what ``data`` and the bytes before it hold
+        await self.sinks[entry].write(data)
+        self.latency.handed_on(entry, frames_out)
 
     @contextlib.contextmanager
     def _span(self, stage: str) -> Iterator[None]:

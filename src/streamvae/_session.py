@@ -32,6 +32,7 @@ from streamvae._options import NonFinite, SessionOptions
 from streamvae._pipeline import StagePipeline, StageSpan
 from streamvae._quantize import check_chunk
 from streamvae._sinks import Arrivals, EntrySink, MP4ByteStream
+from streamvae._statistics import LatencyRecorder, SessionStatistics
 from streamvae._transfer import ChunkTransferStats, PinnedChunkRing
 
 __all__ = ["ChunkedVideoMP4Session"]
@@ -64,6 +65,7 @@ class ChunkedVideoMP4Session:
         pixel_format: PixelFormat | Literal["auto"] = "auto",
         output: OutputKind = "mp4",
         keyframe_interval: int | None = None,
+        fragment_frames: int | None = None,
         output_files: Sequence[str | Path] | None = None,
         queue_depth: int = 1,
         record_timeline: bool = False,
@@ -87,6 +89,7 @@ class ChunkedVideoMP4Session:
                 pixel_format=pixel_format,
                 output=output,
                 keyframe_interval=keyframe_interval,
+                fragment_frames=fragment_frames,
                 output_files=output_files,  # type: ignore[arg-type]  # checked and normalized
                 queue_depth=queue_depth,
                 record_timeline=record_timeline,
@@ -114,6 +117,7 @@ class ChunkedVideoMP4Session:
         self._loop_thread: int | None = None
         self._failure = FailureRecord()
         self._arrivals = Arrivals()
+        self._latency = LatencyRecorder()
         self._pipeline: StagePipeline | None = None
         self._shape: tuple[int, int, int] | None = None  # batch, height, width of pushed chunks
         self._device: torch.device | None = None
@@ -149,6 +153,13 @@ class ChunkedVideoMP4Session:
     def requested_pixel_format(self) -> PixelFormat | Literal["auto"]:
         return self.options.pixel_format
 
+    def statistics(self) -> SessionStatistics:
+        """A snapshot of the counters and latencies: time to the first push and to the first fragment that
+        holds a frame, each chunk's push → its last frame's bytes handed on (median, max, count)."""
+        return self._latency.snapshot(
+            frames_pushed=self.frames_pushed, frames_encoded=self.frames_encoded, bytes_out=self.bytes_out
+        )
+
     def transfer_stats(self) -> ChunkTransferStats | None:
         """The ring's statistics, or None without a ring."""
         return None if self.ring is None else self.ring.stats()
@@ -163,6 +174,7 @@ class ChunkedVideoMP4Session:
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         self._state = "open"
+        self._latency.entered()
         return self
 
     async def __aexit__(
@@ -289,6 +301,7 @@ class ChunkedVideoMP4Session:
         if self._state != "open":
             raise SessionClosedError(f"push() on a session that is {self._state}")
         self._check_chunk(chunk)
+        self._latency.pushed(chunk.shape[2])
         if self._chunks_send is None:
             await self._start(chunk)
         assert self._chunks_send is not None
@@ -343,10 +356,12 @@ class ChunkedVideoMP4Session:
                     audio_sample_rate=options.audio_sample_rate,
                     output=options.output,
                     keyframe_interval=options.keyframe_interval,
+                    fragment_frames=options.frames_per_fragment(),
                     file=None if files is None else files[entry],
                 )
             )
             self._sinks.append(EntrySink(entry, self._streams.get(entry)))
+        self._latency.started(batch)
         self._pipeline = StagePipeline(
             options,
             pixel_format=self.pixel_format,
@@ -356,6 +371,7 @@ class ChunkedVideoMP4Session:
             sinks=self._sinks,
             streams=self._streams,
             timeline=self.timeline,
+            latency=self._latency,
             fail=self.fail,
         )
         self._chunks_send, chunks = anyio.create_memory_object_stream[tuple[Tensor, Any]](options.queue_depth)

@@ -114,10 +114,30 @@ class EntrySink:
         try:
             await self.stream._send.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            raise SessionClosedError(
-                f"the reader of entry {self.entry}'s stream closed it before the MP4 was complete"
-            ) from None
+            raise self._reader_gone() from None
         self.stream._arrivals.notify()
+
+    def offer(self, data: bytes) -> bool:
+        """Keep or send ``data`` if that needs no wait; False (nothing taken) while the stream's buffer
+        is full: the caller writes it later, when it holds nothing a wait could block others on."""
+        if not data:
+            return True
+        if self.stream is None:
+            self.parts.append(data)
+            return True
+        try:
+            self.stream._send.send_nowait(data)
+        except anyio.WouldBlock:
+            return False
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise self._reader_gone() from None
+        self.stream._arrivals.notify()
+        return True
+
+    def _reader_gone(self) -> SessionClosedError:
+        return SessionClosedError(
+            f"the reader of entry {self.entry}'s stream closed it before the MP4 was complete"
+        )
 
     def complete(self) -> None:
         """Every byte of the entry's MP4 has been written."""

@@ -1,5 +1,8 @@
 """The app: ``GET /`` (the page), ``GET /video.mp4`` (a decode, streamed as it is written), ``GET /stats``.
 
+Each request's latency numbers (:class:`streamvae.SessionStatistics`) are logged when it ends (logger
+``streamvae.server``, info) and ``/stats`` summarizes those of the last completed requests.
+
 Every response ends its decode: a client that disconnects (while queued or streaming) cancels it, and so
 does a reader that accepts no bytes for ``stall_timeout`` seconds — otherwise one stalled client would
 hold a decode slot, and with it the accelerator, for as long as it likes. The decode then stops at its next
@@ -29,9 +32,11 @@ from torch import Tensor
 from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
 from streamvae._options import SessionOptions
+from streamvae._session import ChunkedVideoMP4Session
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
 from streamvae.models import as_decoder
 from streamvae.server._admission import Admission, Outcome
+from streamvae.server._latency import LatencyWindow
 
 logger = logging.getLogger("streamvae.server")
 
@@ -98,7 +103,11 @@ def create_app(
       start its own multi-threaded encoder, and N × threads encoder threads would fight for the cores.
     - ``on_event``: called on the server's event loop with each :class:`ServerEvent`; keep it quick.
 
-    The app's ``state.stats`` is the :class:`ServerStats` that ``/stats`` reports.
+    The app's ``state.stats`` is the :class:`ServerStats` that ``/stats`` reports, with
+    ``open_containers`` and ``latency``: over the last 100 completed requests, the median and longest
+    time from a decode's start to its first fragment holding a frame (``first_fragment_median``,
+    ``first_fragment_max``), the median of their median chunk latencies and the longest chunk latency
+    (``chunk_latency_median``, ``chunk_latency_max``), in seconds (None before any), and ``requests``.
     """
     for name, value in (
         ("max_concurrent", max_concurrent),
@@ -144,7 +153,13 @@ def create_app(
         return HTMLResponse(page)
 
     async def stats(request: Request) -> Response:
-        return JSONResponse({**asdict(endpoint.admission.stats), "open_containers": open_containers()})
+        return JSONResponse(
+            {
+                **asdict(endpoint.admission.stats),
+                "open_containers": open_containers(),
+                "latency": endpoint.latency.summary(),
+            }
+        )
 
     app = Starlette(
         routes=[
@@ -204,6 +219,7 @@ class _VideoEndpoint:
         self.options = options
         self.on_event = on_event
         self.requests = 0
+        self.latency = LatencyWindow()
         # Made by the first request, on the loop that serves the app (the app may be built in another).
         self._decode_limiter: anyio.CapacityLimiter | None = None
         self._encode_limiter = encode_limiter
@@ -244,15 +260,18 @@ class _VideoEndpoint:
             return
         self._emit("queued", request, number)
         outcome: Outcome = "disconnected"
+        sessions: list[ChunkedVideoMP4Session] = []
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._cancel_on_disconnect, receive, group.cancel_scope)
                 await ticket.start()
                 self._emit("started", request, number)
-                outcome = await self._stream(request, scope, send)
+                outcome = await self._stream(request, scope, send, sessions.append)
                 group.cancel_scope.cancel()  # the response is over: stop watching for a disconnect
         finally:
             ticket.end(outcome)
+            if sessions:
+                self.latency.record(number, request, outcome, sessions[0].statistics())
             self._emit(outcome, request, number)
 
     def _parse(self, query: QueryParams) -> VideoRequest:
@@ -288,15 +307,21 @@ class _VideoEndpoint:
                 scope.cancel()
                 return
 
-    async def _stream(self, request: VideoRequest, scope: Scope, send: Send) -> Outcome:
+    async def _stream(
+        self,
+        request: VideoRequest,
+        scope: Scope,
+        send: Send,
+        on_session: Callable[[ChunkedVideoMP4Session], None],
+    ) -> Outcome:
         """Decode ``request`` and send its MP4 as it is written; return how the response ended."""
         started = False
         try:
             z = await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)
             options = dataclasses.replace(self.options, encode_limiter=self.encode_limiter)
-            async with stream_mp4(self.vae, z, decode_limiter=self.decode_limiter, options=options) as (
-                video,
-            ):
+            async with stream_mp4(
+                self.vae, z, decode_limiter=self.decode_limiter, on_session=on_session, options=options
+            ) as (video,):
                 del z
                 async for data in video:
                     if not started:
