@@ -65,6 +65,7 @@ from torch import Tensor, nn
 
 from streamvae import ChunkedVideoMP4Session, decode_to_mp4, quantize_chunk, stream_mp4
 from streamvae._encode import EntryEncoder
+from streamvae._encode_options import auto_video_codec
 from streamvae.models import chunked_decoder
 from streamvae.testing import TINY_VAE_CONFIGS, enable_small_tiling, open_containers
 
@@ -664,6 +665,13 @@ def check_leave_early() -> tuple[bool, str]:
     return passed, "; ".join(parts)
 
 
+def check_codec_auto() -> tuple[bool, str]:
+    """Informational: what ``video_codec="auto"`` chooses here (no NVENC block on H100/H200/A100: libx264)."""
+    started = time.perf_counter()
+    chosen = auto_video_codec()
+    return True, f"auto chose {chosen} (probe {1000 * (time.perf_counter() - started):.1f} ms)"
+
+
 # ------------------------------------------------------------------------------------------------ runner
 
 CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
@@ -678,6 +686,7 @@ CHECKS += [
     ("wan.untiled_equal", functools.partial(check_wan, tiled=False)),
     ("wan.tiled", functools.partial(check_wan, tiled=True)),
     ("stream_mp4.leave_early", check_leave_early),
+    ("codec.auto", check_codec_auto),
 ]
 
 

@@ -7,6 +7,7 @@ since ``.ci/run`` installs it. Set ``STREAMVAE_SCREENSHOT=docs/server.png`` to r
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import queue
@@ -18,6 +19,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+import av
 import httpx
 import pytest
 
@@ -176,3 +178,61 @@ def test_chromium_plays_the_streamed_video_to_its_end(chromium: str, tmp_path: P
     target = os.environ.get("STREAMVAE_SCREENSHOT")
     if target:
         Path(target).write_bytes(screenshot)
+
+
+# 33 steps a quarter second apart keep the response open ~8 s: chromium buffers a while before it plays.
+REALTIME_FRAMES, REALTIME_SIZE, REALTIME_DELAY = 129, 64, 0.25
+# Resolves once the video's playback position has moved past its start.
+WAIT_FOR_PLAYBACK = """
+new Promise((resolve, reject) => {
+  const video = document.getElementById("video");
+  const check = () => { if (video.currentTime > 0) resolve(video.currentTime); };
+  video.addEventListener("timeupdate", check);
+  video.addEventListener("error", () => reject(new Error("video error: " + video.error.message)));
+  setTimeout(() => reject(new Error("no playback in 60 s: readyState " + video.readyState)), 60000);
+  check();
+})
+"""
+
+
+def test_chromium_plays_a_realtime_stream_before_its_response_ends(chromium: str) -> None:
+    query = f"frames={REALTIME_FRAMES}&size={REALTIME_SIZE}&realtime=1&delay={REALTIME_DELAY}"
+    events = EventLog()
+    with running_server(create_app(on_event=events)) as url:
+        targets = httpx.get(f"{chromium}/json/list", timeout=30).json()
+        page = next(t for t in targets if t["type"] == "page")
+        devtools = DevTools(page["webSocketDebuggerUrl"])
+        try:
+            devtools.call("Page.enable")
+            devtools.call("Page.navigate", url=f"{url}/?{query}")
+            devtools.wait_for_event("Page.loadEventFired")
+            position = devtools.evaluate(WAIT_FOR_PLAYBACK)
+            # The server sends "completed" only after the last byte: none yet means the response is open.
+            endings_before_playback = [
+                e.kind for e in events.events if e.kind != "queued" and e.kind != "started"
+            ]
+            state = devtools.evaluate(WAIT_FOR_END)
+        finally:
+            devtools.close()
+        events.wait_for("completed")
+        body = httpx.get(f"{url}/video.mp4?{query}", timeout=120).content
+    assert position > 0 and endings_before_playback == []
+    assert state["error"] is None and state["ended"]
+    assert events.events[0].request.realtime
+    # One fragment per chunk, a keyframe a second: more fragments than keyframes, so some fragment after
+    # the first starts on a frame that is not a keyframe (and the browser played it all the same).
+    fragments, keyframes = _fragments_and_keyframes(body)
+    assert fragments > keyframes >= 1
+
+
+def _fragments_and_keyframes(body: bytes) -> tuple[int, int]:
+    """The ``moof`` boxes at the top level of a fragmented MP4, and its keyframes (PyAV)."""
+    fragments, offset = 0, 0
+    while offset < len(body):
+        size = int.from_bytes(body[offset : offset + 4], "big")
+        fragments += body[offset + 4 : offset + 8] == b"moof"
+        assert size >= 8, f"a box of {size} bytes at {offset}"
+        offset += size
+    with av.open(io.BytesIO(body)) as container:
+        packets = [p for p in container.demux(container.streams.video[0]) if p.size]
+        return fragments, sum(p.is_keyframe for p in packets)

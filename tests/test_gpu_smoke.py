@@ -22,7 +22,7 @@ def test_gpu_smoke_runs_every_check_and_passes() -> None:
         [sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, check=True, timeout=120
     )
     names = listed.stdout.split()
-    assert {name.split(".")[0] for name in names} == {"chunks", "syncs", "wan", "stream_mp4"}
+    assert {name.split(".")[0] for name in names} == {"chunks", "syncs", "wan", "stream_mp4", "codec"}
 
     run = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=600)
 

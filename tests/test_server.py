@@ -262,7 +262,16 @@ async def test_the_page_has_a_video_element_and_a_form() -> None:
             page = await client.get("/")
             stats = await client.get("/stats")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    for needle in ("<video", "<form", 'name="frames"', 'name="size"', 'name="seed"', "video.mp4?"):
+    for needle in (
+        "<video",
+        "<form",
+        'name="frames"',
+        'name="size"',
+        'name="seed"',
+        'name="realtime"',
+        'name="delay"',
+        "video.mp4?",
+    ):
         assert needle in page.text
     assert stats.json() == {
         "active": 0,

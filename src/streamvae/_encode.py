@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -23,10 +23,13 @@ from av.video.reformatter import ColorRange, Colorspace
 from streamvae._encode_options import (
     OutputKind,
     as_fps,
+    auto_codec_options,
+    auto_video_codec,
     check_video_codec,
     check_waveform,
     container_options,
     default_codec_options,
+    faststart_io_open,
     merge_codec_options,
 )
 from streamvae._fragments import FragmentCounter
@@ -42,6 +45,7 @@ __all__ = [
     "default_codec_options",
     "merge_codec_options",
     "open_containers",
+    "open_entry_encoders",
 ]
 
 PixelFormat = Literal["rgb24", "yuv420p"]
@@ -79,23 +83,6 @@ class _ByteCollector:
         return data
 
 
-def _faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.BytesIO]:
-    """The ``io_open`` of a plain MP4 written into ``memory``.
-
-    faststart rewrites the file to move the moov up front: FFmpeg reopens it for reading, and a snapshot of
-    what was written so far is exactly what that second pass reads. A closure over the buffer alone: a bound
-    method of the encoder would make encoder → stream → container → encoder a cycle that only the garbage
-    collector frees: a server then grew by the x264 state of every MP4 it had written.
-    """
-
-    def io_open(url: str, flags: int, options: object) -> io.BytesIO:
-        if flags & 2:  # AVIO_FLAG_WRITE
-            return memory
-        return io.BytesIO(memory.getvalue())
-
-    return io_open
-
-
 class EntryEncoder:
     """The MP4 of one batch entry, written frame by frame from a worker thread.
 
@@ -110,7 +97,11 @@ class EntryEncoder:
     writes it when the next packet arrives, so the bytes :meth:`encode` returns hold every frame before
     the first one it was given. :attr:`frames_out` counts the frames the returned bytes hold.
 
-    Not thread-safe: one caller at a time (the session gives each entry its own task).
+    ``video_codec="auto"``: h264_nvenc if :func:`auto_video_codec` found it working, else (or if this
+    encoder's NVENC open fails) libx264, with codec-neutral options (:func:`auto_codec_options`).
+
+    Not thread-safe: one caller at a time (the session gives each entry its own task); only :meth:`open`
+    and :meth:`close` may race (a cancelled session closes while another stage opens).
     """
 
     def __init__(
@@ -130,10 +121,14 @@ class EntryEncoder:
         self.fps = fps
         self.pixel_format = pixel_format
         self.video_codec = video_codec
-        self.codec_options = merge_codec_options(video_codec, video_codec_options, output)
-        if keyframe_interval is not None:
-            self.codec_options.setdefault("g", str(keyframe_interval))
         self.output = output
+        self._requested_options = dict(video_codec_options or {})
+        if keyframe_interval is not None:
+            self._requested_options.setdefault("g", str(keyframe_interval))
+        #: the options the video encoder opened with (under "auto": set once it opened)
+        self.codec_options = {} if video_codec == "auto" else self._options_for(video_codec)
+        #: the video encoder that opened (what "auto" chose); None before
+        self.encoder_name: str | None = None
         self.fragment_frames = fragment_frames
         self.file = Path(file) if file is not None else None
         self._audio = audio
@@ -151,17 +146,65 @@ class EntryEncoder:
         self._collector: _ByteCollector | None = None
         self._file: OutputFile | None = None
         self._closed = False
+        self._open_lock = threading.Lock()
 
     # -- opening --
 
-    def _open(self, height: int, width: int) -> None:
+    def _options_for(self, codec: str) -> dict[str, str]:
+        if self.video_codec == "auto":
+            return auto_codec_options(codec, self._requested_options, self.output)
+        return merge_codec_options(codec, self._requested_options, self.output)
+
+    def frame_size(self, shape: Sequence[int]) -> tuple[int, int]:
+        """(height, width) of frames whose arrays have ``shape`` (one frame's, as :meth:`encode` takes)."""
+        if self.pixel_format == "rgb24":
+            return shape[0], shape[1]
+        return shape[0] * 2 // 3, shape[1]
+
+    def open(self, height: int, width: int, codec: str | None = None) -> None:
+        """Open the container and encoder for ``height``×``width`` frames (else :meth:`encode` does), once.
+
+        ``codec`` picks the encoder under ``video_codec="auto"``; without it, auto tries
+        :func:`auto_video_codec`'s choice, then libx264. A failed open raises, leaving this encoder unopened.
+        """
+        with self._open_lock:
+            if self._container is not None or self._closed:
+                return
+            if self.video_codec != "auto":
+                self._open(height, width, self.video_codec)
+            elif codec is not None:
+                self._open(height, width, codec)
+            else:
+                try:
+                    self._open(height, width, auto_video_codec())
+                except av.FFmpegError:
+                    self._open(height, width, "libx264")
+
+    def _open(self, height: int, width: int, codec: str) -> None:
+        try:
+            self._open_streams(height, width, codec)
+            self._video.codec_context.open()  # now: a failure to open is an error of opening
+        except BaseException:
+            self._unopen()
+            raise
+        self.encoder_name = codec
+
+    def _unopen(self) -> None:
+        """Back to unopened (nothing was encoded yet): the container closed, the output file removed."""
+        self._close_container()
+        self._close_file()
+        self._memory = self._collector = None
+        self._closed = False
+        self.encoder_name = None
+
+    def _open_streams(self, height: int, width: int, codec: str) -> None:
         target: Any
         io_open = None
         if self.output == "fragmented":
             target = self._collector = _ByteCollector()
         else:
             target = self._memory = io.BytesIO()
-            io_open = _faststart_io_open(self._memory)
+            io_open = faststart_io_open(self._memory)
         if self.file is not None:
             self._file = OutputFile(self.file)
             self._file.open()
@@ -170,7 +213,8 @@ class EntryEncoder:
         self._container = av.open(target, mode="w", format="mp4", options=options, io_open=io_open)
         with _open_containers_lock:
             _open_containers += 1
-        video = self._container.add_stream(self.video_codec, rate=self.fps, options=self.codec_options)
+        self.codec_options = self._options_for(codec)
+        video = self._container.add_stream(codec, rate=self.fps, options=self.codec_options)
         video.width, video.height, video.pix_fmt = width, height, "yuv420p"
         video.codec_context.time_base = 1 / self.fps
         context = video.codec_context
@@ -187,12 +231,9 @@ class EntryEncoder:
         """Encode ``frames`` (see the class docstring) and return the output bytes ready to hand on."""
         if self._closed:
             raise RuntimeError("EntryEncoder.encode() after finish() or close()")
-        if self.pixel_format == "rgb24":
-            height, width = frames.shape[1], frames.shape[2]
-        else:
-            height, width = frames.shape[1] * 2 // 3, frames.shape[2]
+        height, width = self.frame_size(frames.shape[1:])
         if self._container is None:
-            self._open(height, width)
+            self.open(height, width)
         for array in frames:
             frame = self._video_frame(array, height, width)
             frame.pts = self.frames_encoded
@@ -207,7 +248,7 @@ class EntryEncoder:
             return frame.reformat(
                 format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG
             )
-        if height % 4 == 0 and self.video_codec in _COPYING_ENCODERS:
+        if height % 4 == 0 and self.encoder_name in _COPYING_ENCODERS:
             # Zero-copy: PyAV wraps the slot in a refcounted buffer that FFmpeg references, and these
             # encoders copy the picture before encode() returns, so the slot is free again after it.
             frame = av.VideoFrame.from_numpy_buffer(array, format="yuv420p")
@@ -309,9 +350,10 @@ class EntryEncoder:
 
         Idempotent, and a no-op after :meth:`finish`.
         """
-        self._close_container()
-        self._memory = self._collector = None  # an aborted output is nobody's
-        self._close_file()
+        with self._open_lock:
+            self._close_container()
+            self._memory = self._collector = None  # an aborted output is nobody's
+            self._close_file()
 
     def _close_container(self) -> None:
         global _open_containers
@@ -329,3 +371,28 @@ class EntryEncoder:
         file, self._file = self._file, None
         if file is not None:
             file.abort()  # a no-op once committed
+
+
+def open_entry_encoders(encoders: Sequence[EntryEncoder], frame_shape: Sequence[int]) -> None:
+    """Worker thread: open every entry's encoder before its first frame, all with the same codec.
+
+    Under ``video_codec="auto"``: NVENC only if every entry's opens (a GPU's NVENC session limit may refuse
+    the later ones); else all reopen with libx264, before any frame was encoded.
+    """
+    if not encoders:
+        return
+    first = encoders[0]
+    height, width = first.frame_size(frame_shape)
+    first.open(height, width)
+    try:
+        for encoder in encoders[1:]:
+            encoder.open(height, width, first.encoder_name)
+    except av.FFmpegError:
+        if first.video_codec != "auto" or first.encoder_name == "libx264":
+            raise
+        for encoder in encoders:
+            with encoder._open_lock:
+                if not encoder._closed:
+                    encoder._unopen()
+        for encoder in encoders:
+            encoder.open(height, width, "libx264")

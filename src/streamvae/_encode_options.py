@@ -1,4 +1,5 @@
-"""What an encoder is configured with: codec defaults and checks, the frame rate, waveforms, fragmenting.
+"""What an encoder is configured with: codec defaults and checks, ``video_codec="auto"`` (its probe and
+codec-neutral options), the frame rate, waveforms, fragmenting.
 
 Everything here is decided before an encoder opens (``SessionOptions`` checks with it); ``_encode`` uses
 it to open the container and the codec.
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import difflib
 import functools
+import io
 import os
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -17,14 +20,19 @@ import av
 import numpy as np
 
 __all__ = [
+    "CODEC_NEUTRAL_OPTIONS",
     "MAX_FPS",
     "MIN_FPS",
+    "NVENC_PRESETS",
     "OutputKind",
     "as_fps",
+    "auto_codec_options",
+    "auto_video_codec",
     "check_video_codec",
     "check_waveform",
     "container_options",
     "default_codec_options",
+    "faststart_io_open",
     "merge_codec_options",
 ]
 
@@ -63,6 +71,9 @@ def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -
     ``options`` is an option that encoder has (FFmpeg would silently ignore an unknown one)."""
     if not isinstance(codec, str) or not codec:
         raise ValueError(f"video_codec must be an FFmpeg video encoder name such as 'libx264', got {codec!r}")
+    if codec == "auto":
+        _check_neutral_options(options or {})
+        return
     try:
         kind = av.codec.Codec(codec, "w").type
     except av.codec.codec.UnknownCodecError:
@@ -97,6 +108,108 @@ def merge_codec_options(
     return {**merged, **options}
 
 
+#: The options ``video_codec="auto"`` accepts: each means the same whichever encoder it chooses.
+CODEC_NEUTRAL_OPTIONS = ("crf", "preset", "threads", "g")
+
+#: x264's presets → NVENC's (p1 fastest … p7 slowest), by comparable speed.
+NVENC_PRESETS = {
+    "ultrafast": "p1",
+    "superfast": "p1",
+    "veryfast": "p2",
+    "faster": "p3",
+    "fast": "p3",
+    "medium": "p4",
+    "slow": "p5",
+    "slower": "p6",
+    "veryslow": "p7",
+    "placebo": "p7",
+}
+
+
+def _check_neutral_options(options: Mapping[str, str]) -> None:
+    """Raise ValueError unless every option is codec-neutral, with a value both encoders take."""
+    for name in options:
+        if name not in CODEC_NEUTRAL_OPTIONS:
+            raise ValueError(
+                f"video_codec_options: {name!r} is not codec-neutral: video_codec='auto' may choose "
+                f"h264_nvenc or libx264, and accepts only {', '.join(CODEC_NEUTRAL_OPTIONS)} "
+                "(name the codec to pass its own options)"
+            )
+    if "preset" in options and options["preset"] not in NVENC_PRESETS:
+        raise ValueError(
+            f"video_codec_options: preset {options['preset']!r} under video_codec='auto' must be one of "
+            f"x264's presets: {', '.join(NVENC_PRESETS)}"
+        )
+    if "crf" in options:
+        try:
+            crf = float(options["crf"])
+        except ValueError:
+            crf = -1.0
+        if not 0 <= crf <= 51:
+            raise ValueError(
+                f"video_codec_options: crf must be a number from 0 to 51, got {options['crf']!r}"
+            )
+    for name in ("threads", "g"):
+        if name in options and not options[name].isdigit():
+            raise ValueError(f"video_codec_options: {name} must be a whole number, got {options[name]!r}")
+
+
+def auto_codec_options(
+    codec: str, options: Mapping[str, str] | None, output: OutputKind = "mp4"
+) -> dict[str, str]:
+    """The options ``codec`` gets under ``video_codec="auto"``: the codec-neutral ``options`` over x264's
+    defaults (crf 18, veryfast), translated for NVENC.
+
+    libx264 takes them as they are. h264_nvenc: ``crf`` N → ``rc=vbr``, ``cq`` N, ``b=0`` (constant
+    quality on NVENC's own, roughly comparable, scale), ``preset`` through :data:`NVENC_PRESETS`, and for
+    fragmented output ``zerolatency`` (no reordering delay), as x264 gets ``tune=zerolatency``.
+    """
+    if codec != "h264_nvenc":
+        return merge_codec_options(codec, options, output)
+    merged = {**default_codec_options("libx264"), **(options or {})}
+    translated = {name: value for name, value in merged.items() if name not in ("crf", "preset")}
+    translated.update(rc="vbr", cq=merged["crf"], b="0", preset=NVENC_PRESETS[merged["preset"]])
+    if output == "fragmented":
+        translated["zerolatency"] = "1"
+    return translated
+
+
+_auto_lock = threading.Lock()
+_auto_codec: str | None = None
+
+
+def auto_video_codec() -> str:
+    """What ``video_codec="auto"`` chooses on this machine: ``"h264_nvenc"`` if a tiny encode with it works
+    (probed once per process, then cached), else ``"libx264"``.
+
+    Without an NVENC block (no NVIDIA GPU, or a data-centre one: H100, H200, A100) the open fails in about
+    a millisecond.
+    """
+    global _auto_codec
+    with _auto_lock:
+        if _auto_codec is None:
+            _auto_codec = "h264_nvenc" if _nvenc_encodes() else "libx264"
+        return _auto_codec
+
+
+def _nvenc_encodes() -> bool:
+    """Encode two 64×64 frames with h264_nvenc: whether it works here."""
+    try:
+        context: Any = av.codec.CodecContext.create("h264_nvenc", "w")
+        context.width = context.height = 64
+        context.pix_fmt = "yuv420p"
+        context.time_base = Fraction(1, 16)
+        context.open()
+        for pts in range(2):
+            frame = av.VideoFrame(64, 64, "yuv420p")
+            frame.pts = pts
+            context.encode(frame)
+        context.encode(None)
+    except (av.FFmpegError, av.codec.codec.UnknownCodecError):
+        return False
+    return True
+
+
 _FRAGMENT_FLAGS = "empty_moov+default_base_moof+frag_every_frame"
 
 
@@ -116,6 +229,23 @@ def container_options(output: OutputKind, fps: Fraction, fragment_frames: int = 
         return {"movflags": "+faststart"}
     microseconds = (Fraction(fragment_frames) - Fraction(1, 2)) / fps * 1_000_000
     return {"movflags": _FRAGMENT_FLAGS + "+delay_moov", "min_frag_duration": str(int(microseconds))}
+
+
+def faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.BytesIO]:
+    """The ``io_open`` of a plain MP4 written into ``memory``.
+
+    faststart rewrites the file to move the moov up front: FFmpeg reopens it for reading, and a snapshot of
+    what was written so far is exactly what that second pass reads. A closure over the buffer alone: a bound
+    method of the encoder would make encoder → stream → container → encoder a cycle that only the garbage
+    collector frees: a server then grew by the x264 state of every MP4 it had written.
+    """
+
+    def io_open(url: str, flags: int, options: object) -> io.BytesIO:
+        if flags & 2:  # AVIO_FLAG_WRITE
+            return memory
+        return io.BytesIO(memory.getvalue())
+
+    return io_open
 
 
 #: The frame rates a session accepts. Outside them the MP4 time base is not representable (1e-4 fps rounds

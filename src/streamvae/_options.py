@@ -53,6 +53,12 @@ class SessionOptions:
       ``preset`` veryfast, ``threads`` min(4, cores) — pin ``threads`` for byte-identical output; with
       ``output="fragmented"`` also ``tune`` zerolatency, so no frame waits for later ones: a ``tune`` of
       yours replaces it, and brings B-frames and the lookahead back unless it is zerolatency too).
+      ``"h264_nvenc"`` gets FFmpeg's defaults and your options. ``"auto"``: h264_nvenc where a tiny test
+      encode works (probed once per process), else libx264 — also when the session's own NVENC open
+      fails (NVENC session limits), before any frame; every entry of a session uses one codec, shown by
+      :attr:`ChunkedVideoMP4Session.encoder_name`. ``"auto"`` takes only codec-neutral options (``crf``,
+      ``preset``: one of x264's, ``threads``, ``g``; anything else is a ValueError), translated for NVENC
+      (``crf`` → ``rc=vbr`` + ``cq`` + ``b=0``, ``preset`` via ``NVENC_PRESETS``: veryfast → p2).
     - ``pixel_format``: ``"rgb24"`` (quantize to RGB; the host converts with swscale), ``"yuv420p"`` (convert
       on the chunk's device; half the bytes, no host conversion) or ``"auto"``: yuv420p for CUDA chunks,
       rgb24 otherwise (on a CPU the rgb24 path is the cheaper one, see docs/benchmarks.md).

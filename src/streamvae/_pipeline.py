@@ -33,7 +33,7 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from torch import Tensor
 
-from streamvae._encode import EntryEncoder, PixelFormat
+from streamvae._encode import EntryEncoder, PixelFormat, open_entry_encoders
 from streamvae._errors import RingAbortedError
 from streamvae._options import SessionOptions
 from streamvae._quantize import ChunkQuantizer
@@ -134,7 +134,7 @@ class StagePipeline:
 
                     start(self._prepare, chunks, prepared_send, anyio.CapacityLimiter(1))
                     start(self._transfer, prepared_receive, leases_send, anyio.CapacityLimiter(1))
-                    start(self._land, leases_receive, [send for send, _ in entry_queues])
+                    start(self._land, leases_receive, [send for send, _ in entry_queues], encode)
                     for entry, (_, receive) in enumerate(entry_queues):
                         start(self._encode, entry, receive, encode)
                     task_status.started()
@@ -269,6 +269,7 @@ class StagePipeline:
         self,
         leases: MemoryObjectReceiveStream[ChunkLease],
         entries: list[MemoryObjectSendStream[ChunkLease]],
+        limiter: anyio.CapacityLimiter,
     ) -> None:
         landed = 0  # frames (per entry) landed before this lease's
         with leases:
@@ -278,6 +279,11 @@ class StagePipeline:
                         with self._span("land"):
                             await lease.wait_landed()
                         self._check_no_nan(lease, landed)
+                        if not landed:  # every entry's encoder opens here, all with one codec
+                            shape = lease.shape[2:]
+                            await anyio.to_thread.run_sync(
+                                open_entry_encoders, self.encoders, shape, limiter=limiter
+                            )
                     except BaseException:
                         lease.discard()
                         raise

@@ -150,6 +150,11 @@ class ChunkedVideoMP4Session:
         return sum(e.bytes_out for e in self._encoders)
 
     @property
+    def encoder_name(self) -> str | None:
+        """The video encoder every entry opened (what ``video_codec="auto"`` chose), or None before."""
+        return self._encoders[0].encoder_name if self._encoders else None
+
+    @property
     def requested_pixel_format(self) -> PixelFormat | Literal["auto"]:
         return self.options.pixel_format
 
@@ -178,10 +183,7 @@ class ChunkedVideoMP4Session:
         return self
 
     async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         assert self._task_group is not None
         if self._state != "done":
@@ -338,10 +340,8 @@ class ChunkedVideoMP4Session:
         batch, _, _, height, width = first.shape
         self._shape = (batch, height, width)
         self._device = first.device
-        if options.pixel_format == "auto":
-            self.pixel_format = "yuv420p" if first.is_cuda else "rgb24"
-        else:
-            self.pixel_format = options.pixel_format
+        auto: PixelFormat = "yuv420p" if first.is_cuda else "rgb24"
+        pixel_format = self.pixel_format = auto if options.pixel_format == "auto" else options.pixel_format
         if options.transfer_slots > 0:
             self.ring = PinnedChunkRing(options.transfer_slots, first.device)
         waveforms, files = options.audio_waveforms, options.output_files
@@ -349,7 +349,7 @@ class ChunkedVideoMP4Session:
             self._encoders.append(
                 EntryEncoder(
                     fps=options.fps,
-                    pixel_format=self.pixel_format,
+                    pixel_format=pixel_format,
                     video_codec=options.video_codec,
                     video_codec_options=options.encoder_codec_options(),
                     audio=None if waveforms is None else waveforms[entry],
@@ -364,7 +364,7 @@ class ChunkedVideoMP4Session:
         self._latency.started(batch)
         self._pipeline = StagePipeline(
             options,
-            pixel_format=self.pixel_format,
+            pixel_format=pixel_format,
             device=first.device,
             ring=self.ring,
             encoders=self._encoders,

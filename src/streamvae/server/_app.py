@@ -1,5 +1,7 @@
 """The app: ``GET /`` (the page), ``GET /video.mp4`` (a decode, streamed as it is written), ``GET /stats``.
 
+With ``realtime=1`` the latent reaches the decode a latent frame a step (``_realtime``), under the same rules.
+
 Each request's latency numbers (:class:`streamvae.SessionStatistics`) are logged when it ends (logger
 ``streamvae.server``, info) and ``/stats`` summarizes those of the last completed requests.
 
@@ -15,7 +17,8 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from importlib.resources import files
 from typing import Any, Literal
@@ -33,10 +36,12 @@ from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
 from streamvae._options import SessionOptions
 from streamvae._session import ChunkedVideoMP4Session
+from streamvae._sinks import MP4ByteStream
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
 from streamvae.models import as_decoder
 from streamvae.server._admission import Admission, Outcome
 from streamvae.server._latency import LatencyWindow
+from streamvae.server._realtime import parse_realtime, realtime_mp4
 
 logger = logging.getLogger("streamvae.server")
 
@@ -48,6 +53,10 @@ class VideoRequest:
     frames: int
     size: int
     seed: int
+    #: feed the latent to the decode one latent frame a step, as an autoregressive model would
+    realtime: bool = False
+    #: seconds each real-time step takes (0 … 2)
+    delay: float = 0.0
 
 
 EventKind = Literal["queued", "started", "completed", "disconnected", "stalled", "failed", "rejected"]
@@ -88,7 +97,8 @@ def create_app(
     - ``vae``: what decodes (a diffusers VAE streamvae supports, or any
       :class:`streamvae.SupportsChunkedVAEDecode`); default the embedded :func:`streamvae.demo.demo_vae`.
       One instance serves every request: the adapters keep their decoder caches per decode.
-    - ``latents``: builds the latent for a request; it runs in a worker thread. It is only called with
+    - ``latents``: builds the latent for a request; it runs in a worker thread (in real-time mode too,
+      which then streams that latent's frames one latent frame a step). It is only called with
       1 ≤ frames ≤ ``max_frames``, 1 ≤ size ≤ ``max_size`` and 0 ≤ seed ≤ 2**64 − 1 (what
       ``torch.Generator.manual_seed`` takes); any other value is a 400. Default
       :func:`streamvae.demo.demo_latent` with the request's frames, size and seed (frames must also be
@@ -294,7 +304,8 @@ class _VideoEndpoint:
             if not low <= value <= high:
                 raise ValueError(f"{name} must be at least {low} and at most {high}, got {shown}")
             values[name] = value
-        request = VideoRequest(**values)
+        realtime, delay = parse_realtime(query)
+        request = VideoRequest(**values, realtime=realtime, delay=delay)
         if self.latents is _demo_latent:
             check_demo_request(request.frames, request.size)
         return request
@@ -318,10 +329,7 @@ class _VideoEndpoint:
         started = False
         try:
             z = await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)
-            options = dataclasses.replace(self.options, encode_limiter=self.encode_limiter)
-            async with stream_mp4(
-                self.vae, z, decode_limiter=self.decode_limiter, on_session=on_session, options=options
-            ) as (video,):
+            async with self._video(request, [z], on_session) as video:
                 del z
                 async for data in video:
                     if not started:
@@ -339,6 +347,28 @@ class _VideoEndpoint:
                 await PlainTextResponse("the decode failed\n", status_code=500)(scope, _no_receive, send)
             return "failed"
         return "completed"
+
+    @asynccontextmanager
+    async def _video(
+        self,
+        request: VideoRequest,
+        latent: list[Tensor],
+        on_session: Callable[[ChunkedVideoMP4Session], None],
+    ) -> AsyncIterator[MP4ByteStream]:
+        """The MP4 of the latent ``latent`` holds (taken out, so the decode alone keeps it alive): decoded
+        whole, or fed a latent frame a step (real-time)."""
+        options = dataclasses.replace(self.options, encode_limiter=self.encode_limiter)
+        limiter, z = self.decode_limiter, latent.pop()
+        if request.realtime:
+            video = realtime_mp4(self.vae, z, request.delay, limiter, options=options, on_session=on_session)
+            del z
+            async with video as stream:
+                yield stream
+        else:
+            videos = stream_mp4(self.vae, z, decode_limiter=limiter, on_session=on_session, options=options)
+            del z
+            async with videos as (stream,):
+                yield stream
 
     async def _send(self, send: Send, message: Message) -> None:
         # A send waits while the client's TCP window is full: that wait is what a stalled reader costs.
