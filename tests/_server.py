@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import anyio.from_thread
+import httpx
 import uvicorn
 
 from streamvae.server import ServerEvent
@@ -119,3 +120,10 @@ class GatedDecoder:
                 anyio.from_thread.check_cancelled()
             except BaseException:
                 return  # the caller was cancelled: the next publish ends the decode
+
+
+async def get_once(app: Any, path: str) -> httpx.Response:
+    """One GET of ``path`` from ``app`` served on 127.0.0.1 for this request alone."""
+    with running_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            return await client.get(path)

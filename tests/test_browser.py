@@ -7,6 +7,7 @@ since ``.ci/run`` installs it. Set ``STREAMVAE_SCREENSHOT=docs/server.png`` to r
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -151,21 +152,30 @@ new Promise((resolve, reject) => {
 """
 
 
+@contextlib.contextmanager
+def page_at(chromium: str, address: str) -> Iterator[DevTools]:
+    """Chromium's page navigated to ``address`` and loaded, over the DevTools protocol; closed after."""
+    targets = httpx.get(f"{chromium}/json/list", timeout=30).json()
+    page = next(t for t in targets if t["type"] == "page")
+    devtools = DevTools(page["webSocketDebuggerUrl"])
+    try:
+        devtools.call("Page.enable")
+        devtools.call("Page.navigate", url=address)
+        devtools.wait_for_event("Page.loadEventFired")
+        yield devtools
+    finally:
+        devtools.close()
+
+
 def test_chromium_plays_the_streamed_video_to_its_end(chromium: str, tmp_path: Path) -> None:
     events = EventLog()
-    with running_server(create_app(on_event=events)) as url:
-        targets = httpx.get(f"{chromium}/json/list", timeout=30).json()
-        page = next(t for t in targets if t["type"] == "page")
-        devtools = DevTools(page["webSocketDebuggerUrl"])
-        try:
-            devtools.call("Page.enable")
-            devtools.call("Page.navigate", url=f"{url}/?frames={FRAMES}&size={SIZE}&seed=0")
-            devtools.wait_for_event("Page.loadEventFired")
-            state = devtools.evaluate(WAIT_FOR_END)
-            screenshot = base64.b64decode(devtools.call("Page.captureScreenshot", format="png")["data"])
-        finally:
-            devtools.close()
-        events.wait_for("completed")
+    with (
+        running_server(create_app(on_event=events)) as url,
+        page_at(chromium, f"{url}/?frames={FRAMES}&size={SIZE}&seed=0") as devtools,
+    ):
+        state = devtools.evaluate(WAIT_FOR_END)
+        screenshot = base64.b64decode(devtools.call("Page.captureScreenshot", format="png")["data"])
+    events.wait_for("completed")
     assert state["error"] is None
     assert state["ended"] and state["readyState"] >= 2
     # empty_moov carries no duration: the element learns it from the fragments, so compare at the end.
@@ -199,21 +209,13 @@ def test_chromium_plays_a_realtime_stream_before_its_response_ends(chromium: str
     query = f"frames={REALTIME_FRAMES}&size={REALTIME_SIZE}&realtime=1&delay={REALTIME_DELAY}"
     events = EventLog()
     with running_server(create_app(on_event=events)) as url:
-        targets = httpx.get(f"{chromium}/json/list", timeout=30).json()
-        page = next(t for t in targets if t["type"] == "page")
-        devtools = DevTools(page["webSocketDebuggerUrl"])
-        try:
-            devtools.call("Page.enable")
-            devtools.call("Page.navigate", url=f"{url}/?{query}")
-            devtools.wait_for_event("Page.loadEventFired")
+        with page_at(chromium, f"{url}/?{query}") as devtools:
             position = devtools.evaluate(WAIT_FOR_PLAYBACK)
             # The server sends "completed" only after the last byte: none yet means the response is open.
             endings_before_playback = [
                 e.kind for e in events.events if e.kind != "queued" and e.kind != "started"
             ]
             state = devtools.evaluate(WAIT_FOR_END)
-        finally:
-            devtools.close()
         events.wait_for("completed")
         body = httpx.get(f"{url}/video.mp4?{query}", timeout=120).content
     assert position > 0 and endings_before_playback == []

@@ -21,7 +21,7 @@ from streamvae.server import VideoRequest, create_app
 from streamvae.server._admission import Admission, Ticket
 from streamvae.testing import foreign_threads, open_containers
 from tests._media import read_mp4
-from tests._server import EventLog, GatedDecoder, running_server
+from tests._server import EventLog, GatedDecoder, get_once, running_server
 
 pytestmark = pytest.mark.anyio
 
@@ -204,9 +204,7 @@ async def test_a_decode_that_fails_before_its_first_byte_is_a_500(events: EventL
     ],
 )
 async def test_bad_video_parameters_are_a_400_that_names_the_problem(query: str, message: str) -> None:
-    with running_server(create_app()) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            response = await client.get(f"/video.mp4?{query}")
+    response = await get_once(create_app(), f"/video.mp4?{query}")
     assert response.status_code == 400
     assert message in response.text
 

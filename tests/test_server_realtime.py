@@ -11,7 +11,7 @@ from streamvae.demo import demo_latent
 from streamvae.server import VideoRequest, create_app
 from streamvae.testing import open_containers
 from tests._media import DETERMINISTIC_X264, read_mp4
-from tests._server import EventLog, running_server
+from tests._server import EventLog, get_once, running_server
 from tests.test_server import fetch, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -100,9 +100,7 @@ async def test_a_client_that_leaves_a_realtime_stream_cancels_its_generation(eve
     ],
 )
 async def test_bad_realtime_values_are_a_400_that_names_the_problem(query: str, message: str) -> None:
-    with running_server(create_app()) as url:
-        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            response = await client.get(f"/video.mp4?frames=5&size=32&{query}")
+    response = await get_once(create_app(), f"/video.mp4?frames=5&size=32&{query}")
     assert response.status_code == 400
     assert message in response.text
     assert len(response.text) < 200
