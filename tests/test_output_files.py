@@ -64,7 +64,8 @@ def umask(mask: int) -> Iterator[None]:
 
 
 def make_device(path: Path, minor: int) -> Path:
-    """A private character device in ``tmp_path`` (1, 3: like /dev/null; 1, 7: like /dev/full)."""
+    """A private character device node in ``tmp_path``: minor 3 takes every write, minor 7 (the
+    memory device that is always full) fails every write with ENOSPC."""
     try:
         os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
     except PermissionError:

@@ -124,6 +124,10 @@ NVENC_PRESETS = {
     "veryslow": "p7",
     "placebo": "p7",
 }
+#: x264's presets, fastest first.
+X264_PRESETS = tuple(NVENC_PRESETS)
+#: The largest crf x264 takes (0 is lossless).
+MAX_CRF = 51
 
 
 def _check_neutral_options(options: Mapping[str, str]) -> None:
@@ -135,19 +139,19 @@ def _check_neutral_options(options: Mapping[str, str]) -> None:
                 f"h264_nvenc or libx264, and accepts only {', '.join(CODEC_NEUTRAL_OPTIONS)} "
                 "(name the codec to pass its own options)"
             )
-    if "preset" in options and options["preset"] not in NVENC_PRESETS:
+    if "preset" in options and options["preset"] not in X264_PRESETS:
         raise ValueError(
             f"video_codec_options: preset {options['preset']!r} under video_codec='auto' must be one of "
-            f"x264's presets: {', '.join(NVENC_PRESETS)}"
+            f"x264's presets: {', '.join(X264_PRESETS)}"
         )
     if "crf" in options:
         try:
             crf = float(options["crf"])
         except ValueError:
             crf = -1.0
-        if not 0 <= crf <= 51:
+        if not 0 <= crf <= MAX_CRF:
             raise ValueError(
-                f"video_codec_options: crf must be a number from 0 to 51, got {options['crf']!r}"
+                f"video_codec_options: crf must be a number from 0 to {MAX_CRF}, got {options['crf']!r}"
             )
     for name in ("threads", "g"):
         if name in options and not options[name].isdigit():

@@ -34,6 +34,11 @@ _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 _CPU_BAND_ELEMENTS = 1 << 18
 
 
+def _in_float32(value: float) -> float:
+    """``value`` as float32 holds it (±inf beyond its range), back as a Python float."""
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
 def check_value_range(value_range: object) -> tuple[float, float]:
     """Return ``value_range`` as two floats, or raise ValueError if it is not an increasing pair."""
     try:
@@ -41,7 +46,7 @@ def check_value_range(value_range: object) -> tuple[float, float]:
     except (TypeError, ValueError):
         raise ValueError(f"value_range must be a pair (low, high) of numbers, got {value_range!r}") from None
     # Quantize computes in float32: both ends, and the span it divides by, must be finite there.
-    low32, high32 = (float(torch.tensor(v, dtype=torch.float32)) for v in (low, high))
+    low32, high32 = _in_float32(low), _in_float32(high)
     if not all(math.isfinite(v) and abs(v) <= _FLOAT32_MAX for v in (low, high)):
         raise ValueError(
             f"value_range must be two finite numbers within float32's range (±{_FLOAT32_MAX:.4g}), "
@@ -49,8 +54,8 @@ def check_value_range(value_range: object) -> tuple[float, float]:
         )
     if not low32 < high32:
         raise ValueError(f"value_range must be increasing in float32 (low < high), got {value_range!r}")
-    span = float(torch.tensor(high32 - low32, dtype=torch.float32))
-    if not (math.isfinite(span) and math.isfinite(float(torch.tensor(255.0 / span, dtype=torch.float32)))):
+    span = _in_float32(high32 - low32)
+    if not (math.isfinite(span) and math.isfinite(_in_float32(255.0 / span))):
         raise ValueError(
             f"value_range's span high - low must be finite in float32 and not vanishingly small "
             f"(between {255 / _FLOAT32_MAX:.3g} and {_FLOAT32_MAX:.4g}), got {value_range!r}"
@@ -91,7 +96,7 @@ class ChunkQuantizer:
         # The ends as float32 holds them, and the span between those: values are clamped in float32, so a
         # span taken from the float64 ends would put float32's ``high`` off 1 — below it (no top level)
         # or above it (wrapping past 255) for ends float32 cannot hold, like (128, 128.001).
-        low, high = (float(torch.tensor(end, dtype=torch.float32)) for end in (low, high))
+        low, high = _in_float32(low), _in_float32(high)
         self.value_range = (low, high)
         self._scale = 1.0 / (high - low)
         self.pixel_format: PixelPath = pixel_format

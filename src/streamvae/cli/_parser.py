@@ -13,21 +13,9 @@ from typing import NoReturn
 import torch
 
 from streamvae._encode import as_fps
+from streamvae._encode_options import MAX_CRF, X264_PRESETS
 from streamvae.cli._commands import decode_job, demo_job, run_job, serve
 from streamvae.cli._inputs import CliError
-
-_X264_PRESETS = (
-    "ultrafast",
-    "superfast",
-    "veryfast",
-    "faster",
-    "fast",
-    "medium",
-    "slow",
-    "slower",
-    "veryslow",
-    "placebo",
-)
 
 
 def _fps(text: str) -> float:
@@ -47,8 +35,8 @@ def _crf(text: str) -> int:
         crf = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 0 <= crf <= 51:
-        raise argparse.ArgumentTypeError(f"must be from 0 (lossless) to 51, got {crf}")
+    if not 0 <= crf <= MAX_CRF:
+        raise argparse.ArgumentTypeError(f"must be from 0 (lossless) to {MAX_CRF}, got {crf}")
     return crf
 
 
@@ -66,7 +54,7 @@ def _add_encode_options(parser: argparse.ArgumentParser, *, fps: float) -> None:
     )
     parser.add_argument(
         "--preset",
-        choices=_X264_PRESETS,
+        choices=X264_PRESETS,
         metavar="PRESET",
         help="x264 preset: ultrafast … veryslow (default veryfast)",
     )

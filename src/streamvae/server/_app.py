@@ -34,6 +34,7 @@ from torch import Tensor
 
 from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
+from streamvae._errors import check_int
 from streamvae._options import SessionOptions
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
@@ -124,10 +125,8 @@ def create_app(
         ("max_frames", max_frames),
         ("max_size", max_size),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 0:
-        raise ValueError(f"max_queued must be an int >= 0, got {max_queued!r}")
+        check_int(name, value, minimum=1)
+    check_int("max_queued", max_queued, minimum=0)
     if not stall_timeout > 0:
         raise ValueError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
     if encode_limiter is not None and not isinstance(encode_limiter, anyio.CapacityLimiter):
