@@ -232,6 +232,7 @@ class _VideoEndpoint:
         # Made by the first request, on the loop that serves the app (the app may be built in another).
         self._decode_limiter: anyio.CapacityLimiter | None = None
         self._encode_limiter = encode_limiter
+        self._session_options: SessionOptions | None = None  # made with the encode budget, on the loop
 
     @property
     def decode_limiter(self) -> anyio.CapacityLimiter:
@@ -242,12 +243,14 @@ class _VideoEndpoint:
         return self._decode_limiter
 
     @property
-    def encode_limiter(self) -> anyio.CapacityLimiter:
-        """Every encoder call of every session: one token per core, so concurrent requests share the
-        cores instead of each starting its own encoder threads."""
-        if self._encode_limiter is None:
-            self._encode_limiter = anyio.CapacityLimiter(os.cpu_count() or 1)
-        return self._encode_limiter
+    def session_options(self) -> SessionOptions:
+        """The app's checked options with its encode budget, which every request's session takes: every
+        encoder call of every session under one token per core (unless the app was given a budget), so
+        concurrent requests share the cores instead of each starting its own encoder threads."""
+        if self._session_options is None:
+            budget = self._encode_limiter or anyio.CapacityLimiter(os.cpu_count() or 1)
+            self._session_options = dataclasses.replace(self.options, encode_limiter=budget)
+        return self._session_options
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -356,8 +359,7 @@ class _VideoEndpoint:
     ) -> AsyncIterator[MP4ByteStream]:
         """The MP4 of the latent ``latent`` holds (taken out, so the decode alone keeps it alive): decoded
         whole, or fed a latent frame a step (real-time)."""
-        options = dataclasses.replace(self.options, encode_limiter=self.encode_limiter)
-        limiter, z = self.decode_limiter, latent.pop()
+        options, limiter, z = self.session_options, self.decode_limiter, latent.pop()
         if request.realtime:
             video = realtime_mp4(self.vae, z, request.delay, limiter, options=options, on_session=on_session)
             del z
