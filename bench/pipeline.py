@@ -34,7 +34,8 @@ from _patterns import moving_waves
 from _report import DOCS, write_section
 
 from streamvae import ChunkedVideoMP4Session, quantize_chunk, quantize_chunk_yuv420
-from streamvae._encode import EntryEncoder, as_fps
+from streamvae._checks import check_fps
+from streamvae._encode import EntryEncoder
 
 HEIGHT, WIDTH, FPS = 480, 832, 16
 CODEC = {"crf": "18", "preset": "veryfast", "threads": "2"}
@@ -60,7 +61,7 @@ def chunk_at(sources: list[torch.Tensor], index: int, size: int) -> torch.Tensor
 
 def sequential_encode_seconds(sources: list[torch.Tensor], sizes: list[int]) -> float:
     """Prepare + encode every chunk back to back: the encode cost the producer is balanced against."""
-    encoder = EntryEncoder(fps=as_fps(FPS), video_codec_options=CODEC)
+    encoder = EntryEncoder(fps=check_fps(FPS), video_codec_options=CODEC)
     started = time.perf_counter()
     for i, size in enumerate(sizes):
         encoder.encode(quantize_chunk(chunk_at(sources, i, size), (-1, 1))[0].numpy())
@@ -107,7 +108,7 @@ def sequential(sources: list[torch.Tensor], sizes: list[int], cost: float) -> di
     video = torch.cat(chunks, dim=2)  # the whole video as one float tensor
     del chunks
     frames = quantize_chunk(video, (-1, 1))[0].numpy()
-    encoder = EntryEncoder(fps=as_fps(FPS), video_codec_options=CODEC)
+    encoder = EntryEncoder(fps=check_fps(FPS), video_codec_options=CODEC)
     encoder.encode(frames)
     data = encoder.finish()
     return {"wall": time.perf_counter() - started, "bytes": len(data)}

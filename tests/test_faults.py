@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-import streamvae._decode
 from streamvae import (
     ChunkedVideoMP4Session,
     MP4ByteStream,
     UnreadStreamError,
+    _decode_worker,
     decode_to_mp4,
     publish_chunks,
     read_entries,
@@ -136,13 +136,13 @@ async def test_non_finite_latents_are_refused_before_the_first_step(
     bad: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     threads: list[int] = []
-    check = streamvae._decode.check_finite_latents
+    check = _decode_worker.check_finite_latents
 
     def recording_check(z: torch.Tensor, *, owner: str) -> None:
         threads.append(threading.get_ident())
         check(z, owner=owner)
 
-    monkeypatch.setattr(streamvae._decode, "check_finite_latents", recording_check)
+    monkeypatch.setattr(_decode_worker, "check_finite_latents", recording_check)
     z = torch.randn(1, 16, 3, 4, 4)
     z[0, 2, 1, 1, 1] = bad
     decoder = _CountingDecoder()

@@ -1,8 +1,9 @@
-"""Session options as one checked value, and the library's errors: no event loop needed."""
+"""Session options as one checked value, defined once, and the library's errors: no event loop needed."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import pickle
 from fractions import Fraction
 from typing import Any
@@ -13,11 +14,11 @@ import torch
 
 import streamvae
 from streamvae import (
-    ArgumentTypeError,
     ChunkedVideoMP4Session,
     PinnedChunkRing,
     RingAbortedError,
     SessionClosedError,
+    SessionKeywords,
     SessionOptions,
     StreamVAEError,
     UnreadStreamError,
@@ -61,45 +62,81 @@ def test_every_option_error_is_raised_when_the_options_are_built() -> None:
 @pytest.mark.parametrize(
     ("options", "name"),
     [
+        ({"fps": "16"}, "fps"),
+        ({"value_range": "0,1"}, "value_range"),
         ({"batch_frames": "2"}, "batch_frames"),
         ({"transfer_slots": 1.5}, "transfer_slots"),
         ({"keyframe_interval": True}, "keyframe_interval"),
         ({"crop": "64x64"}, "crop"),
+        ({"crop": ("a", 1)}, "crop"),
         ({"video_codec_options": {"crf": 18}}, "video_codec_options"),
         ({"audio_waveforms": np.zeros(10), "audio_sample_rate": 8000}, "audio_waveforms"),
-        ({"encode_limiter": 2}, "encode_limiter"),
+        ({"audio_waveforms": [None], "audio_sample_rate": "8000"}, "audio_sample_rate"),
+        ({"record_timeline": 1}, "record_timeline"),
+        ({"pixel_format": 3}, "pixel_format"),
     ],
 )
-def test_a_wrong_type_is_a_type_error_that_older_value_error_handlers_still_catch(
+def test_a_bad_option_value_of_any_type_is_a_value_error_naming_it(
     options: dict[str, Any], name: str
 ) -> None:
-    with pytest.raises(ArgumentTypeError, match=name) as caught:
-        SessionOptions(value_range=(0, 1), fps=8, **options)
-    assert isinstance(caught.value, TypeError) and isinstance(caught.value, ValueError)
-    with pytest.raises(ValueError, match=name):
-        ChunkedVideoMP4Session(value_range=(0, 1), fps=8, **options)
-    with pytest.raises(TypeError, match=name):
-        ChunkedVideoMP4Session(value_range=(0, 1), fps=8, **options)
+    with pytest.raises(ValueError, match=name) as caught:
+        SessionOptions(**{"value_range": (0, 1), "fps": 8, **options})
+    assert not isinstance(caught.value, TypeError)
+    with pytest.raises(ValueError, match=f"ChunkedVideoMP4Session: .*{name}"):
+        ChunkedVideoMP4Session(**{"value_range": (0, 1), "fps": 8, **options})
+
+
+@pytest.mark.parametrize("limiter", [2, "budget", object()])
+def test_an_encode_limiter_that_is_no_limiter_is_a_type_error_everywhere(limiter: object) -> None:
+    with pytest.raises(TypeError, match="encode_limiter must be an anyio.CapacityLimiter"):
+        SessionOptions(value_range=(0, 1), fps=8, encode_limiter=limiter)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="ChunkedVideoMP4Session: encode_limiter"):
+        ChunkedVideoMP4Session(value_range=(0, 1), fps=8, encode_limiter=limiter)  # type: ignore[arg-type]
+
+
+def test_the_keyword_surface_is_the_options_fields() -> None:
+    # SessionKeywords types the keywords of every entry point: one per SessionOptions field, no more.
+    fields = [field.name for field in dataclasses.fields(SessionOptions)]
+    assert list(SessionKeywords.__annotations__) == fields
+    assert SessionKeywords.__required_keys__ == frozenset()  # defaults and requirements are the options'
+    # Every entry point takes options= or those keywords, and nothing of its own shares their names.
+    entry_points = [
+        ChunkedVideoMP4Session.__init__,
+        streamvae.decode_to_mp4,
+        streamvae.stream_mp4,
+        streamvae.open_latent_stream,
+    ]
+    for function in entry_points:
+        parameters = inspect.signature(function).parameters
+        keywords = [p for p in parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+        assert len(keywords) == 1 and keywords[0].annotation == "Unpack[SessionKeywords]", function
+        assert "options" in parameters and not set(parameters) & set(fields), function
+
+
+def test_an_unknown_option_keyword_names_the_nearest_option() -> None:
+    with pytest.raises(
+        TypeError, match="unexpected keyword argument 'batch_frame'; did you mean 'batch_frames'"
+    ):
+        ChunkedVideoMP4Session(value_range=(0, 1), fps=8, batch_frame=2)  # type: ignore[call-arg]
 
 
 def test_the_librarys_own_errors_share_one_base_and_stay_runtime_errors() -> None:
     for error in (SessionClosedError("x"), RingAbortedError("x"), UnreadStreamError(0, 1)):
         assert isinstance(error, StreamVAEError) and isinstance(error, RuntimeError)
-    assert isinstance(ArgumentTypeError("x"), StreamVAEError)
     peer = PeerDecodeError("stopped", chunk=1, output_error="ValueError: x")
     assert isinstance(peer, StreamVAEError) and isinstance(peer, RuntimeError)
     copy = pickle.loads(pickle.dumps(UnreadStreamError(2, 3)))  # errors cross process boundaries
     assert (copy.waiting, copy.unread) == (2, 3) and str(copy) == str(UnreadStreamError(2, 3))
-    with pytest.raises(ArgumentTypeError, match="depth"):
+    with pytest.raises(ValueError, match="depth"):
         PinnedChunkRing(2.0)  # type: ignore[arg-type]
 
 
-def test_a_session_reads_its_options_as_attributes() -> None:
+def test_a_session_reads_its_options_from_one_checked_value() -> None:
     session = ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, crop=(32, 48), output="fragmented")
-    assert session.options.crop == (32, 48) == session.crop
-    assert session.fps == 16 and session.keyframe_interval == 16 and session.output == "fragmented"
-    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        session.nothing  # noqa: B018
+    assert session.options.crop == (32, 48)
+    assert session.options.fps == 16 and session.options.keyframe_interval == 16
+    with pytest.raises(AttributeError):
+        session.fps  # type: ignore[attr-defined]  # noqa: B018  # no second way to read an option
 
 
 def test_options_are_given_once() -> None:
@@ -108,7 +145,7 @@ def test_options_are_given_once() -> None:
         ChunkedVideoMP4Session(options=options, fps=8)
     with pytest.raises(TypeError, match="must be a streamvae.SessionOptions"):
         ChunkedVideoMP4Session(options={"fps": 8})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="needs value_range= and fps="):
+    with pytest.raises(TypeError, match=r"ChunkedVideoMP4Session\(\) needs value_range="):
         ChunkedVideoMP4Session(fps=8)
 
 

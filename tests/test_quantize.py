@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from streamvae import quantize_chunk, quantize_chunk_yuv420
-from streamvae._quantize import ChunkQuantizer, PixelPath
+from streamvae._quantize import ChunkQuantizer, PixelFormat
 from tests._media import moving_pattern
 
 
@@ -130,7 +130,7 @@ def test_infinities_are_clamped_to_the_ends_of_the_range() -> None:
 
 
 @pytest.mark.parametrize("pixel_format", ["rgb24", "yuv420p"])
-def test_quantize_into_counts_nan_values_on_the_device(pixel_format: PixelPath) -> None:
+def test_quantize_into_counts_nan_values_on_the_device(pixel_format: PixelFormat) -> None:
     chunk = moving_pattern(0, 3, batch=2, height=300, width=1000)  # several bands per frame
     quantizer = ChunkQuantizer((-1, 1), pixel_format)
     out = torch.empty((2, 3, *quantizer.frame_shape(300, 1000)), dtype=torch.uint8)
@@ -145,7 +145,7 @@ def test_quantize_into_counts_nan_values_on_the_device(pixel_format: PixelPath) 
 
 
 @pytest.mark.parametrize("pixel_format", ["rgb24", "yuv420p"])
-def test_quantize_into_allocates_nothing_the_size_of_a_chunk(pixel_format: PixelPath) -> None:
+def test_quantize_into_allocates_nothing_the_size_of_a_chunk(pixel_format: PixelFormat) -> None:
     chunk = moving_pattern(0, 4, height=480, width=832)
     quantizer = ChunkQuantizer((-1, 1), pixel_format)
     out = torch.empty((1, 4, *quantizer.frame_shape(480, 832)), dtype=torch.uint8)

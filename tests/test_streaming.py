@@ -191,7 +191,7 @@ async def test_open_stream_is_checked() -> None:
         await session.push(moving_pattern(0, 1, batch=4))
         with pytest.raises(SessionClosedError, match="before the first push"):
             session.open_stream(0)
-        session.fail(None)
+        session.abort()
 
 
 # -- a fragment per chunk: when a chunk's frames leave --

@@ -1,30 +1,30 @@
-"""The library's own errors, and the one check for integer arguments.
+"""The library's own errors, and the memory-object stream errors that mean "the other end is gone".
 
 Every error streamvae defines derives from :class:`StreamVAEError`, so ``except StreamVAEError`` catches what
 the library itself decided, and leaves PyAV's, torch's and the operating system's errors to their own
-handlers. Each also keeps the built-in base it always had (``RuntimeError``), so existing handlers keep
-working. A wrong *type* is :class:`ArgumentTypeError`: a ``TypeError`` that is also a ``ValueError``, as
-PyAV's own argument errors are, because several checks raised ValueError for a wrong type before.
+handlers. Each also derives from the built-in base that says what kind of condition it is
+(``RuntimeError``). Bad arguments are plain ``ValueError`` / ``TypeError`` (see ``_checks``).
 """
 
 from __future__ import annotations
 
+import anyio
+
 __all__ = [
-    "ArgumentTypeError",
+    "STREAM_ENDED",
     "RingAbortedError",
     "SessionClosedError",
     "StreamVAEError",
     "UnreadStreamError",
-    "check_int",
 ]
+
+#: What a memory-object stream raises once its other end is gone: a neighbouring stage (or a reader, or
+#: the producer) ended first. Whatever made it end is recorded where it happened, or was no failure at all.
+STREAM_ENDED = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 
 
 class StreamVAEError(Exception):
     """Base of every error streamvae defines."""
-
-
-class ArgumentTypeError(StreamVAEError, TypeError, ValueError):
-    """An argument of the wrong type: a TypeError, and a ValueError for code written for older releases."""
 
 
 class SessionClosedError(StreamVAEError, RuntimeError):
@@ -57,11 +57,3 @@ class UnreadStreamError(StreamVAEError, RuntimeError):
     def __reduce__(self) -> tuple[type[UnreadStreamError], tuple[int, int]]:
         return type(self), (self.waiting, self.unread)
 
-
-def check_int(name: str, value: object, *, minimum: int) -> int:
-    """``value`` if it is an int (not a bool) ``>= minimum``, else an error naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ArgumentTypeError(f"{name} must be an int >= {minimum}, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value

@@ -12,24 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, Unpack
 
 import anyio
-import anyio.lowlevel
 import torch
 from torch import Tensor
 
-from streamvae._decode import (
-    _chunk_bridge,
-    _DecodeAbandoned,
-    _own_stream,
-    _session_options,
+from streamvae._checks import check_limiter
+from streamvae._decode_worker import (
+    call_on_loop,
     check_finite_latents,
+    chunk_bridge,
+    decode_stream,
+    run_decode_worker,
 )
 from streamvae._errors import SessionClosedError
+from streamvae._options import SessionKeywords, SessionOptions, resolve_options
 from streamvae._protocol import publish_chunks
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
@@ -37,13 +38,17 @@ from streamvae.models import ChunkedDecoder, DecodeState, as_decoder
 
 __all__ = ["LatentStream", "LatentStreamStatistics", "open_latent_stream"]
 
-_T = TypeVar("_T")
+_OWNER = "open_latent_stream"
 _DIMS = ("batch", "channels", "height", "width")
 
 
 @asynccontextmanager
 async def open_latent_stream(
-    vae: Any, *, decode_limiter: anyio.CapacityLimiter | None = None, **session_options: Any
+    vae: object,
+    *,
+    decode_limiter: anyio.CapacityLimiter | None = None,
+    options: SessionOptions | None = None,
+    **session_options: Unpack[SessionKeywords],
 ) -> AsyncIterator[LatentStream]:
     """Decode a latent that arrives in pieces into one MP4 per batch entry, as the pieces come.
 
@@ -51,11 +56,12 @@ async def open_latent_stream(
     for each piece ``[B, C, t, H, W]`` (t ≥ 1 latent frames) in order and ``videos = await
     stream.finish()``. The frames are exactly those of decoding the concatenated latent
     (``vae.decode(torch.cat(pieces, dim=2)).sample``, tiled or sliced as the module is set when the first
-    piece arrives). ``session_options`` go to :class:`streamvae.ChunkedVideoMP4Session` (``fps`` is
+    piece arrives). ``session_options`` are the keywords of :class:`streamvae.SessionOptions` (``fps`` is
     required; ``value_range`` defaults to the decoder's), or pass one :class:`streamvae.SessionOptions` as
-    ``options=``. ``decode_limiter`` bounds the decodes that run at once (default: one limiter per
-    stream); share one between the streams of a module, because a module decodes one piece at a time
-    whoever asks — streams then take turns piece by piece.
+    ``options=``; every argument is checked here, before any work. ``decode_limiter`` (an
+    :class:`anyio.CapacityLimiter`) bounds the decodes that run at once (default: one limiter per stream);
+    share one between the streams of a module, because a module decodes one piece at a time whoever asks
+    — streams then take turns piece by piece.
 
     ``vae`` is anything :func:`streamvae.models.as_decoder` takes whose decoder is causal across calls:
     the diffusers ``AutoencoderKLWan`` (2.1, 2.2) and ``AutoencoderKLQwenImage``, or a decoder of your own.
@@ -83,11 +89,12 @@ async def open_latent_stream(
     (an error, a cancellation, a client gone) aborts the session and ends the stream's state, freeing its
     caches.
     """
-    decoder = as_decoder(vae)
-    decoder.check_takes_pieces(owner="open_latent_stream")
-    limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)
-    session = ChunkedVideoMP4Session(options=_session_options(decoder, session_options))
-    async with session:
+    decoder = as_decoder(vae, owner=_OWNER, pieces=True)
+    decoder.check_takes_pieces(owner=_OWNER)
+    checked_limiter = check_limiter("decode_limiter", decode_limiter, owner=_OWNER)
+    limiter = checked_limiter if checked_limiter is not None else anyio.CapacityLimiter(1)
+    checked = resolve_options(_OWNER, options, session_options, value_range=decoder.chunk_value_range)
+    async with ChunkedVideoMP4Session(options=checked) as session:
         stream = LatentStream(decoder, session, limiter)
         try:
             yield stream
@@ -151,9 +158,11 @@ class LatentStream:
         a slow encoder or reader slows this call (backpressure). The decode reads ``z`` until the next
         ``push_latents`` or :meth:`finish` returns: do not write into it before then.
 
-        Checked here, before any work, shapes only: a 5-D tensor with the decoder's channel count and
-        t ≥ 1, and the same batch, channels, height and width as the first piece (ValueError naming what
-        changed; the stream goes on). NaN and ±inf are checked in the worker: such a piece fails the
+        Checked here, before any work, as a whole latent is (shapes and dtype only): a floating-point
+        5-D tensor with the decoder's channel count and t ≥ 1, and the same batch, channels, height and
+        width as the first piece (ValueError naming what changed; the stream goes on). The first piece's
+        batch is checked against the options (a waveform and an output file per entry, streamed entries
+        within it) before it is decoded. NaN and ±inf are checked in the worker: such a piece fails the
         stream with a ValueError, raised by the next ``push_latents`` or :meth:`finish`, and nothing after
         it is decoded. A failed decode or session raises its original error here.
         """
@@ -207,9 +216,11 @@ class LatentStream:
     # -- event loop side --
 
     def _check_piece(self, z: Tensor) -> tuple[int, int, int, int]:
-        self.decoder.check_latents(z, owner="push_latents")  # a 5-D tensor, the channels, t >= 1
+        self.decoder.check_latents(z, owner="push_latents")  # a float 5-D tensor, the channels, t >= 1
         batch, channels, _, height, width = z.shape
         shape = (batch, channels, height, width)
+        if self._shape is None:
+            self.session.check_batch(batch, owner="push_latents")
         if self._shape is not None and shape != self._shape:
             changed = ", ".join(
                 f"{name} {now} (the first piece's: {first})"
@@ -237,10 +248,8 @@ class LatentStream:
         """The session's producer task: runs the worker thread from the first piece to the stream's end."""
         try:
             # A limiter of its own: the decode limiter is taken per piece, inside the worker.
-            await anyio.to_thread.run_sync(self._work, limiter=anyio.CapacityLimiter(1))
+            await run_decode_worker(self._work, limiter=anyio.CapacityLimiter(1))
         except Exception as error:
-            # The worker has ended (never abandoned); a cancelled stream sees its cancellation instead.
-            await anyio.lowlevel.checkpoint_if_cancelled()
             if self._aborted:
                 return  # the block was left: what the worker raised is the abort's consequence
             self._error = error
@@ -254,7 +263,7 @@ class LatentStream:
     def _work(self) -> None:
         """Decode each piece as it arrives, in order; at finish(), end the state and push what it gives."""
         decoder = self.decoder
-        publish = self._counting(_chunk_bridge(self.session, "open_latent_stream"))
+        publish = self._counting(chunk_bridge(self.session, _OWNER))
         state: DecodeState | None = None
         device: torch.device | None = None
         try:
@@ -265,7 +274,7 @@ class LatentStream:
                 with self._decode_turn():
                     z = decoder.prepare_latents(piece)
                     device = z.device
-                    with _own_stream(device):
+                    with decode_stream(device):
                         check_finite_latents(z, owner=f"push_latents (piece {index})")
                         if state is None:
                             state = decoder.start(z.shape[0], z.shape[3], z.shape[4])
@@ -273,7 +282,7 @@ class LatentStream:
                 self._latent_frames_decoded += z.shape[2]
                 del piece, z  # held no longer than its decode (a prepared latent may be a device copy)
             if state is not None and device is not None and not self._aborted:
-                with self._decode_turn(), _own_stream(device):
+                with self._decode_turn(), decode_stream(device):
                     publish_chunks(decoder.end(state), publish)
         finally:
             if state is not None:  # after a failure or an abort: free the caches now, publish nothing
@@ -291,27 +300,15 @@ class LatentStream:
     def _next_piece(self) -> Tensor | None:
         """The next piece, or None once the stream is closed (by finish() or by leaving the block)."""
         try:
-            return _from_loop(self._pieces_receive.receive)
+            return call_on_loop(self._pieces_receive.receive, owner=_OWNER)
         except anyio.EndOfStream:
             return None
 
     @contextlib.contextmanager
     def _decode_turn(self) -> Iterator[None]:
         """Hold a token of the decode limiter, on the stream's behalf, for one piece."""
-        _from_loop(self._limiter.acquire_on_behalf_of, self)
+        call_on_loop(self._limiter.acquire_on_behalf_of, self, owner=_OWNER)
         try:
             yield
         finally:
             anyio.from_thread.run_sync(self._limiter.release_on_behalf_of, self)
-
-
-def _from_loop(func: Callable[..., Coroutine[Any, Any, _T]], *args: Any) -> _T:
-    """Worker thread: run ``func`` on the event loop; a cancelled stream's cancellation (trio's
-    ``Cancelled`` reaches the thread) becomes an ordinary exception, so the worker ends by its rules."""
-    try:
-        anyio.from_thread.check_cancelled()
-        return anyio.from_thread.run(func, *args)
-    except Exception:
-        raise
-    except BaseException as cancelled:
-        raise _DecodeAbandoned("the latent stream was cancelled") from cancelled

@@ -1,33 +1,38 @@
-"""Session options: one frozen value, checked in one place, before any work.
+"""Session options: each option named, defaulted, documented and checked here, once.
 
 :class:`SessionOptions` holds everything a :class:`streamvae.ChunkedVideoMP4Session` is configured with.
 Building one checks every field and normalizes it (the fps to an exact rational, waveforms to float32
 arrays, output paths to :class:`~pathlib.Path`), so a bad option is an error at the call that gave it — in
 the constructor, on every rank of a distributed decode, in a CLI before any output file is touched — and
-never a late failure inside a stage. It needs no event loop; ``decode_to_mp4``, ``stream_mp4``, the server
-and the CLI pass one along (or the same keywords).
+never a late failure inside a stage. It needs no event loop.
+
+Every entry point that takes session options (the session, ``decode_to_mp4``, ``stream_mp4``,
+``open_latent_stream``) takes one :class:`SessionOptions` as ``options=`` or its keywords, typed by
+:class:`SessionKeywords`, and turns them into options with :func:`resolve_options`. A new option is a
+field here (and its line in :class:`SessionKeywords`, which a test keeps in step): nothing else.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import anyio
 import numpy as np
 from torch import Tensor
 
+from streamvae._checks import check_choice, check_fps, check_int, check_limiter, check_waveform
 from streamvae._encode import PixelFormat
-from streamvae._encode_options import OutputKind, as_fps, check_video_codec, check_waveform
-from streamvae._errors import ArgumentTypeError, check_int
+from streamvae._codec_options import OutputKind, check_video_codec
 from streamvae._output_file import check_output_files
 from streamvae._quantize import check_value_range
 
-__all__ = ["NonFinite", "SessionOptions"]
+__all__ = ["NonFinite", "SessionKeywords", "SessionOptions", "resolve_options"]
 
 NonFinite = Literal["error", "ignore"]
 Waveform = np.ndarray[Any, np.dtype[np.float32]]
@@ -110,27 +115,16 @@ class SessionOptions:
     def __post_init__(self) -> None:
         fix = self._set
         fix("value_range", check_value_range(self.value_range))
-        fix("fps", as_fps(self.fps))
+        fix("fps", check_fps(self.fps))
         check_int("batch_frames", self.batch_frames, minimum=1)
         check_int("transfer_slots", self.transfer_slots, minimum=0)
         check_int("queue_depth", self.queue_depth, minimum=0)
         if self.crop is not None:
             fix("crop", _check_crop(self.crop))
-        _check_choice("pixel_format", self.pixel_format, ("auto", "rgb24", "yuv420p"))
-        _check_choice("output", self.output, ("mp4", "fragmented"))
-        _check_choice("nonfinite", self.nonfinite, ("error", "ignore"))
-        options = self.video_codec_options
-        if options is None:
-            options = {}
-        if not isinstance(options, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in options.items()
-        ):
-            raise ArgumentTypeError(
-                "video_codec_options must be a dict of FFmpeg option strings, e.g. "
-                f"{{'crf': '18', 'preset': 'veryfast'}}, got {options!r}"
-            )
-        check_video_codec(self.video_codec, options)
-        fix("video_codec_options", MappingProxyType(dict(options)))
+        check_choice("pixel_format", self.pixel_format, ("auto", "rgb24", "yuv420p"))
+        check_choice("output", self.output, ("mp4", "fragmented"))
+        check_choice("nonfinite", self.nonfinite, ("error", "ignore"))
+        fix("video_codec_options", _check_codec_options(self.video_codec, self.video_codec_options))
         if self.keyframe_interval is not None:
             check_int("keyframe_interval", self.keyframe_interval, minimum=1)
         elif self.output == "fragmented":
@@ -141,14 +135,13 @@ class SessionOptions:
                 raise ValueError("fragment_frames applies to output='fragmented' only (a plain MP4 has none)")
         if self.audio_waveforms is not None:
             fix("audio_waveforms", _check_audio(self.audio_waveforms, self.audio_sample_rate))
+        elif self.audio_sample_rate is not None:
+            check_int("audio_sample_rate", self.audio_sample_rate, minimum=1)
         if self.output_files is not None:
             fix("output_files", tuple(check_output_files(self.output_files)))
         if not isinstance(self.record_timeline, bool):
-            raise ArgumentTypeError(f"record_timeline must be a bool, got {self.record_timeline!r}")
-        if self.encode_limiter is not None and not isinstance(self.encode_limiter, anyio.CapacityLimiter):
-            raise ArgumentTypeError(
-                f"encode_limiter must be an anyio.CapacityLimiter, got {self.encode_limiter!r}"
-            )
+            raise ValueError(f"record_timeline must be True or False, got {self.record_timeline!r}")
+        check_limiter("encode_limiter", self.encode_limiter)
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # normalizing a frozen value while it is built
@@ -165,23 +158,30 @@ class SessionOptions:
         """Frames per fragment of fragmented output: ``fragment_frames``, or a transfer group's."""
         return self.fragment_frames if self.fragment_frames is not None else self.batch_frames
 
-    def check_first_chunk(self, batch: int, height: int, width: int, *, streamed: Sequence[int] = ()) -> None:
-        """Raise ValueError unless the first chunk's shape fits these options: one waveform and file per
-        entry, ``streamed`` entries within the batch, a crop inside the frame, and an even frame size (the
-        video is yuv420p)."""
+    def check_batch(self, batch: int, *, streamed: Sequence[int] = (), owner: str | None = None) -> None:
+        """Raise ValueError unless a batch of ``batch`` entries fits these options: one waveform and one
+        output file per entry, and every ``streamed`` entry within the batch.
+
+        Known before any decode from a latent's shape, so entry points check it before the first step: a
+        real-time generator's step is not wasted on options that cannot fit it.
+        """
+        where = "" if owner is None else f"{owner}: "
         if self.audio_waveforms is not None and len(self.audio_waveforms) != batch:
             raise ValueError(
-                f"audio_waveforms has {len(self.audio_waveforms)} entries "
-                f"but the chunks have batch size {batch}"
+                f"{where}audio_waveforms has {len(self.audio_waveforms)} entries but the batch has {batch}"
             )
         if any(entry >= batch for entry in streamed):
             raise ValueError(
-                f"open_stream() was called for entry {max(streamed)}, but the batch size is {batch}"
+                f"{where}open_stream() was called for entry {max(streamed)}, but the batch size is {batch}"
             )
         if self.output_files is not None and len(self.output_files) != batch:
             raise ValueError(
-                f"output_files has {len(self.output_files)} paths but the chunks have batch size {batch}"
+                f"{where}output_files has {len(self.output_files)} paths but the batch has {batch} entries"
             )
+
+    def check_frame_size(self, height: int, width: int) -> None:
+        """Raise ValueError unless frames of ``height`` × ``width`` fit these options: a crop inside the
+        frame, and an even frame size after it (the video is yuv420p)."""
         out_height, out_width = height, width
         if self.crop is not None:
             if self.crop[0] > height or self.crop[1] > width:
@@ -194,28 +194,33 @@ class SessionOptions:
             )
 
 
-def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        listed = ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}"
-        raise ValueError(f"{name} must be {listed}, got {value!r}")
-
-
 def _check_crop(crop: object) -> tuple[int, int]:
-    message = f"crop must be (height, width) with two positive ints, got {crop!r}"
-    if not isinstance(crop, (tuple, list)) or len(crop) != 2:
-        raise ArgumentTypeError(message)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in crop):
-        raise ArgumentTypeError(message)
-    if not all(v > 0 for v in crop):
-        raise ValueError(message)
+    if (
+        not isinstance(crop, (tuple, list))
+        or len(crop) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in crop)
+    ):
+        raise ValueError(f"crop must be (height, width) with two positive ints, got {crop!r}")
     return int(crop[0]), int(crop[1])
+
+
+def _check_codec_options(codec: object, options: object) -> Mapping[str, str]:
+    if options is None:
+        options = {}
+    if not isinstance(options, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in options.items()
+    ):
+        raise ValueError(
+            "video_codec_options must be a dict of FFmpeg option strings, e.g. "
+            f"{{'crf': '18', 'preset': 'veryfast'}}, got {options!r}"
+        )
+    check_video_codec(codec, options)
+    return MappingProxyType(dict(options))
 
 
 def _check_audio(waveforms: object, sample_rate: object) -> tuple[Waveform | None, ...]:
     if isinstance(waveforms, (Tensor, np.ndarray)) or not isinstance(waveforms, Sequence):
-        raise ArgumentTypeError(
-            "audio_waveforms must be a sequence with one waveform (or None) per batch entry"
-        )
+        raise ValueError("audio_waveforms must be a sequence with one waveform (or None) per batch entry")
     if sample_rate is None:
         raise ValueError("audio_sample_rate must be a positive int when audio_waveforms is given, got None")
     check_int("audio_sample_rate", sample_rate, minimum=1)
@@ -223,3 +228,78 @@ def _check_audio(waveforms: object, sample_rate: object) -> tuple[Waveform | Non
         None if w is None else check_waveform(w, name=f"audio_waveforms[{i}]")
         for i, w in enumerate(waveforms)
     )
+
+
+class SessionKeywords(TypedDict, total=False):
+    """The keywords of :class:`SessionOptions`, as entry points take them (``**options:
+    Unpack[SessionKeywords]``): the forms each option accepts, before it is normalized.
+
+    What each one means, its default and its check are at :class:`SessionOptions`; this only types the
+    keywords for type checkers, one per field (``tests/test_options.py`` fails when they drift apart).
+    """
+
+    value_range: tuple[float, float]
+    fps: float | Fraction
+    audio_waveforms: Sequence[Tensor | np.ndarray[Any, Any] | None] | None
+    audio_sample_rate: int | None
+    batch_frames: int
+    crop: tuple[int, int] | None
+    transfer_slots: int
+    video_codec: str
+    video_codec_options: Mapping[str, str] | None
+    pixel_format: PixelFormat | Literal["auto"]
+    output: OutputKind
+    keyframe_interval: int | None
+    fragment_frames: int | None
+    output_files: Sequence[str | Path] | None
+    queue_depth: int
+    record_timeline: bool
+    nonfinite: NonFinite
+    encode_limiter: anyio.CapacityLimiter | None
+
+
+#: The option names, in their order (what ``options=`` and the keywords both name).
+OPTION_NAMES = tuple(field.name for field in dataclasses.fields(SessionOptions))
+_REQUIRED = tuple(
+    field.name
+    for field in dataclasses.fields(SessionOptions)
+    if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING
+)
+
+
+def resolve_options(
+    owner: str, options: object, keywords: Mapping[str, object], **defaults: object
+) -> SessionOptions:
+    """The :class:`SessionOptions` an entry point named ``owner`` was called with.
+
+    ``options`` (a :class:`SessionOptions`, checked already) or ``keywords`` over ``defaults`` — never
+    both. An unknown keyword is a TypeError naming the nearest option, as Python's own for a misspelt
+    argument; a bad value the ValueError of its check, prefixed with ``owner``.
+    """
+    if options is not None:
+        if not isinstance(options, SessionOptions):
+            raise TypeError(
+                f"{owner}: options must be a streamvae.SessionOptions, got {type(options).__name__}"
+            )
+        if keywords:
+            raise TypeError(
+                f"{owner}: pass the session options as options= or as keywords, not both "
+                f"(got options= and {', '.join(sorted(keywords))})"
+            )
+        return options
+    for name in keywords:
+        if name not in OPTION_NAMES:
+            nearest = difflib.get_close_matches(name, OPTION_NAMES, n=1)
+            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
+    given = {**defaults, **keywords}
+    missing = [name for name in _REQUIRED if name not in given]
+    if missing:
+        raise TypeError(
+            f"{owner}() needs {' and '.join(f'{name}=' for name in missing)} "
+            "(or options=streamvae.SessionOptions(...))"
+        )
+    try:
+        return SessionOptions(**given)  # type: ignore[arg-type]  # each value is checked and normalized
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{owner}: {error}") from None

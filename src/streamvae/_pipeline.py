@@ -2,7 +2,7 @@
 
     chunks ─▶ prepare ─▶ transfer ─▶ land ─▶ encode[entry] ─▶ sink[entry]
 
-- **prepare** (worker thread, the session's CUDA stream): crop, quantize (and colour-convert) into
+- **prepare** (worker thread, the pipeline's CUDA stream): crop, quantize (and colour-convert) into
   ``batch_frames``-frame groups, counting NaN on the device.
 - **transfer**: copy each group into a slot of the host ring (non-blocking on CUDA), or plainly.
 - **land**: await the copy (an abandonable poll), read the NaN count that travelled with it, hand the
@@ -14,7 +14,14 @@
 Each stage is a task of one task group, joined to the next by a bounded memory-object stream, so a slow
 encoder backs up into the ring and finally into ``push``, never into unbounded memory. Work runs in worker
 threads under limiters owned by role — never anyio's default limiter, which an ASGI server shares with
-its own thread pool. Every stage closes its streams when it ends, so its neighbours end too.
+its own thread pool. Every stage closes its memory-object streams when it ends, so its neighbours end too.
+
+The session is the rung above: it builds a pipeline from its first chunk, sends it chunks, ends its input
+at ``finish``, aborts it, and reads what it exposes (its ring, its encoders' counters, the videos). The
+pipeline builds and owns what it runs — the ring, the encoders, the sinks, the memory-object streams
+between stages — and cleans them up; nothing here calls back up into the session. A stage's error is
+written into the session's :class:`FailureRecord` (handed down, like the entries' byte streams) at the
+moment it happens, so a reader whose stream ends with it finds it, and then the pipeline stops itself.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -33,17 +40,17 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from torch import Tensor
 
-from streamvae._encode import EntryEncoder, PixelFormat, open_entry_encoders
-from streamvae._errors import RingAbortedError
+from streamvae._cuda import ready_event
+from streamvae._encode import EntryEncoder, open_entry_encoders
+from streamvae._errors import STREAM_ENDED, RingAbortedError
+from streamvae._failure import FailureRecord
 from streamvae._options import SessionOptions
-from streamvae._quantize import ChunkQuantizer
+from streamvae._quantize import ChunkQuantizer, PixelFormat
 from streamvae._sinks import EntrySink, MP4ByteStream, watch_readers
 from streamvae._statistics import LatencyRecorder
 from streamvae._transfer import ChunkLease, PinnedChunkRing, host_lease
 
 __all__ = ["StagePipeline", "StageSpan"]
-
-_CLOSED = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 
 
 @dataclass(frozen=True)
@@ -57,8 +64,8 @@ class StageSpan:
 
 
 @dataclass
-class _Prepared:
-    """A group of quantized frames on the chunk's device, ready to copy once full."""
+class _QuantizedGroup:
+    """A transfer group: ``batch_frames`` quantized frames on the chunk's device, copied once full."""
 
     frames: Tensor  # [B, t, ...] uint8, contiguous; filled from the front
     nan_count: Tensor | None  # NaN values quantized into it, on the device (None with nonfinite="ignore")
@@ -67,123 +74,187 @@ class _Prepared:
 
 
 class StagePipeline:
-    """The stages of one session, settled from its first chunk.
+    """The stages of one session, built from its first chunk: its pixel path, ring, encoders and sinks.
 
-    ``fail`` is called with the first real error of any stage; it must stop the pipeline (:meth:`cancel`)
-    and the ring. :attr:`done` is set once every stage has ended.
+    ``streams`` are the entries' byte streams opened before the first chunk (the others keep their bytes
+    for :meth:`videos`); ``failure`` is the session's record, where each stage writes its first real
+    error. Run it with :meth:`run` in a task group, feed it with :meth:`send`, end its input with
+    :meth:`end_input` (it then finishes every MP4) or stop it with :meth:`abort`. :attr:`done` is set once
+    every stage has ended and the ring has let go of its slots.
     """
 
     def __init__(
         self,
         options: SessionOptions,
+        first: Tensor,
         *,
-        pixel_format: PixelFormat,
-        device: torch.device,
-        ring: PinnedChunkRing | None,
-        encoders: list[EntryEncoder],
-        sinks: list[EntrySink],
-        streams: dict[int, MP4ByteStream],
-        timeline: list[StageSpan] | None,
+        streams: Mapping[int, MP4ByteStream],
+        failure: FailureRecord,
         latency: LatencyRecorder,
-        fail: Callable[[BaseException], None],
+        timeline: list[StageSpan] | None,
     ) -> None:
-        self.options = options
-        self.pixel_format = pixel_format
-        self.ring = ring
-        self.encoders = encoders
-        self.sinks = sinks
-        self.streams = streams
-        self.timeline = timeline
-        self.latency = latency
+        batch, _, _, _, _ = first.shape
+        auto: PixelFormat = "yuv420p" if first.is_cuda else "rgb24"
+        #: the pixel path: ``options.pixel_format``, with "auto" settled by the first chunk's device
+        self.pixel_format: PixelFormat = auto if options.pixel_format == "auto" else options.pixel_format
+        #: the ring of host slots (None with ``transfer_slots=0``: a plain blocking copy per group)
+        self.ring = PinnedChunkRing(options.transfer_slots, first.device) if options.transfer_slots else None
+        #: one encoder per batch entry, opened when the first group lands
+        self.encoders = [self._entry_encoder(options, entry) for entry in range(batch)]
         self.done = anyio.Event()
-        self._fail = fail
-        self._scope: anyio.CancelScope | None = None
+        self._options = options
+        self._sinks = [EntrySink(entry, streams.get(entry)) for entry in range(batch)]
+        self._streams = dict(streams)
+        self._failure = failure
+        self._latency = latency
+        self._timeline = timeline
+        self._scope = anyio.CancelScope()
+        self._chunks_send, self._chunks = anyio.create_memory_object_stream[tuple[Tensor, Any]](
+            options.queue_depth
+        )
         self._chunk_starts: deque[tuple[int, int]] = deque()  # (index, first frame) of chunks in flight
-        # Every quantize call runs on this one stream, whichever worker thread runs it: each group's ready
-        # event is recorded where its frames were written (never on a caller's stream).
-        self._quantize_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # Every quantize call runs on this one CUDA stream, whichever worker thread runs it: each group's
+        # ready event is recorded where its frames were written (never on a caller's stream).
+        self._quantize_stream = torch.cuda.Stream(first.device) if first.is_cuda else None
 
-    def cancel(self) -> None:
-        """Stop every stage (their cleanup still runs)."""
-        if self._scope is not None:
-            self._scope.cancel()
+    def _entry_encoder(self, options: SessionOptions, entry: int) -> EntryEncoder:
+        waveforms, files = options.audio_waveforms, options.output_files
+        return EntryEncoder(
+            fps=options.fps,
+            pixel_format=self.pixel_format,
+            video_codec=options.video_codec,
+            video_codec_options=options.encoder_codec_options(),
+            audio=None if waveforms is None else waveforms[entry],
+            audio_sample_rate=options.audio_sample_rate,
+            output=options.output,
+            keyframe_interval=options.keyframe_interval,
+            fragment_frames=options.frames_per_fragment(),
+            file=None if files is None else files[entry],
+        )
 
-    async def run(
-        self,
-        chunks: MemoryObjectReceiveStream[tuple[Tensor, Any]],
-        *,
-        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Run every stage until the chunks end (or a failure); never raises."""
-        depth = self.options.queue_depth
-        prepared_send, prepared_receive = anyio.create_memory_object_stream[_Prepared](depth)
+    # -- what the session reads --
+
+    @property
+    def frames_encoded(self) -> int:
+        """Frames every entry's encoder has taken so far."""
+        return min((encoder.frames_encoded for encoder in self.encoders), default=0)
+
+    @property
+    def bytes_out(self) -> int:
+        """MP4 bytes produced so far, all entries together."""
+        return sum(encoder.bytes_out for encoder in self.encoders)
+
+    @property
+    def encoder_name(self) -> str | None:
+        """The video encoder every entry opened (what ``video_codec="auto"`` chose), or None before."""
+        return self.encoders[0].encoder_name
+
+    def videos(self) -> list[bytes]:
+        """Each entry's MP4, once the pipeline is done (``b""`` for an entry read through its stream)."""
+        return [sink.getvalue() for sink in self._sinks]
+
+    # -- what the session calls --
+
+    async def send(self, chunk: Tensor, ready: Any) -> None:
+        """Queue ``chunk`` (its CUDA ``ready`` event, or None) for the stages; waits while they are full.
+
+        Raises ``anyio.ClosedResourceError`` / ``BrokenResourceError`` once the pipeline has stopped.
+        """
+        await self._chunks_send.send((chunk, ready))
+
+    async def end_input(self) -> None:
+        """No more chunks: the stages finish what they hold and every MP4, then :attr:`done` is set."""
+        await self._chunks_send.aclose()
+
+    def abort(self) -> None:
+        """Stop every stage now (their cleanup still runs) and the ring, with the first recorded error."""
+        self._scope.cancel()
+        self._chunks_send.close()
+        if self.ring is not None:
+            self.ring.abort(self._failure.first)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run every stage until the chunks end (or a failure, or :meth:`abort`); never raises."""
+        depth = self._options.queue_depth
+        groups_send, groups_receive = anyio.create_memory_object_stream[_QuantizedGroup](depth)
         leases_send, leases_receive = anyio.create_memory_object_stream[ChunkLease](depth)
         entry_queues = [anyio.create_memory_object_stream[ChunkLease](depth) for _ in self.encoders]
-        budget = self.options.encode_limiter
+        entry_sends = [send for send, _ in entry_queues]
+        budget = self._options.encode_limiter
         encode = budget if budget is not None else anyio.CapacityLimiter(len(self.encoders))
         try:
-            async with anyio.create_task_group() as watch:
-                if len(self.streams) > 1:
-                    queues = [receive for _, receive in entry_queues]
-                    watch.start_soon(watch_readers, self.streams, queues, self._fail)
-                async with anyio.create_task_group() as stages:
-                    self._scope = stages.cancel_scope
-
-                    def start(*args: Any) -> None:
-                        stages.start_soon(self._stage, *args)
-
-                    start(self._prepare, chunks, prepared_send, anyio.CapacityLimiter(1))
-                    start(self._transfer, prepared_receive, leases_send, anyio.CapacityLimiter(1))
-                    start(self._land, leases_receive, [send for send, _ in entry_queues], encode)
-                    for entry, (_, receive) in enumerate(entry_queues):
-                        start(self._encode, entry, receive, encode)
-                    task_status.started()
-                watch.cancel_scope.cancel()  # every stage has ended
+            with self._scope:
+                async with anyio.create_task_group() as watch:
+                    if len(self._streams) > 1:
+                        queues = [receive for _, receive in entry_queues]
+                        watch.start_soon(watch_readers, self._streams, queues, self._stage_failed)
+                    async with anyio.create_task_group() as stages:
+                        stage = self._stage
+                        stages.start_soon(
+                            stage, self._prepare, self._chunks, groups_send, anyio.CapacityLimiter(1)
+                        )
+                        stages.start_soon(
+                            stage, self._transfer, groups_receive, leases_send, anyio.CapacityLimiter(1)
+                        )
+                        stages.start_soon(stage, self._land, leases_receive, entry_sends, encode)
+                        for entry, (_, receive) in enumerate(entry_queues):
+                            stages.start_soon(stage, self._encode, entry, receive, encode)
+                        task_status.started()
+                    watch.cancel_scope.cancel()  # every stage has ended
         finally:
+            self._chunks_send.close()
+            if self.ring is not None:
+                # Slots still copying come back once their copy lands; nothing waits for a slot again.
+                self.ring.abort(self._failure.first)
             self.done.set()
 
     async def _stage(self, stage: Callable[..., Any], *args: Any) -> None:
-        """Run one stage; its first real error fails the session instead of cancelling the caller."""
+        """Run one stage; its first real error is recorded and stops the pipeline."""
         try:
             await stage(*args)
-        except (*_CLOSED, RingAbortedError):
+        except (*STREAM_ENDED, RingAbortedError):
             # A neighbouring stage ended first, or the session is being left without an error (the ring
             # aborted without one): whatever made it end is recorded there, or is no failure at all.
             pass
         except Exception as error:
-            self._fail(error)
+            self._stage_failed(error)
+
+    def _stage_failed(self, error: BaseException) -> None:
+        self._failure.record(error)
+        self.abort()
 
     # -- prepare --
 
     async def _prepare(
         self,
         chunks: MemoryObjectReceiveStream[tuple[Tensor, Any]],
-        prepared: MemoryObjectSendStream[_Prepared],
+        groups_out: MemoryObjectSendStream[_QuantizedGroup],
         limiter: anyio.CapacityLimiter,
     ) -> None:
         # One quantizer and its scratch for the whole stream: no chunk-sized temporaries per chunk.
-        quantizer = ChunkQuantizer(self.options.value_range, self.pixel_format)
-        partial_group: _Prepared | None = None  # a group short of batch_frames frames
+        quantizer = ChunkQuantizer(self._options.value_range, self.pixel_format)
+        partial_group: _QuantizedGroup | None = None  # a group short of batch_frames frames
         index = first = 0
-        with chunks, prepared:
+        with chunks, groups_out:
             async for chunk, ready in chunks:
-                if self.options.nonfinite == "error":
+                if self._options.nonfinite == "error":
                     self._chunk_starts.append((index, first))
-                index, first = index + 1, first + chunk.shape[2]
+                index += 1
+                first += chunk.shape[2]
                 with self._span("prepare"):
                     groups, partial_group = await anyio.to_thread.run_sync(
                         self._quantize_groups, quantizer, chunk, ready, partial_group, limiter=limiter
                     )
                 del chunk
                 for group in groups:
-                    await prepared.send(group)
+                    await groups_out.send(group)
             if partial_group is not None:
                 last = await anyio.to_thread.run_sync(self._last_group, partial_group, limiter=limiter)
-                await prepared.send(last)
+                await groups_out.send(last)
 
     def _quantize_groups(
-        self, quantizer: ChunkQuantizer, chunk: Tensor, ready: Any, partial_group: _Prepared | None
-    ) -> tuple[list[_Prepared], _Prepared | None]:
+        self, quantizer: ChunkQuantizer, chunk: Tensor, ready: Any, partial_group: _QuantizedGroup | None
+    ) -> tuple[list[_QuantizedGroup], _QuantizedGroup | None]:
         """Worker thread: crop one chunk and quantize it straight into ``batch_frames``-frame groups.
 
         Returns the full groups and the group still short of frames (filled further by the next chunk).
@@ -194,14 +265,14 @@ class StagePipeline:
                 stream.wait_event(ready)
                 # The chunk was allocated on the producer's stream: keep its memory until this one is done.
                 chunk.record_stream(stream)
-            crop = self.options.crop
+            crop = self._options.crop
             if crop is not None:
                 chunk = chunk[..., : crop[0], : crop[1]]
-            groups: list[_Prepared] = []
+            groups: list[_QuantizedGroup] = []
             start, frames = 0, chunk.shape[2]
             while start < frames:
                 group = partial_group if partial_group is not None else self._new_group(quantizer, chunk)
-                take = min(frames - start, self.options.batch_frames - group.filled)
+                take = min(frames - start, self._options.batch_frames - group.filled)
                 quantizer.quantize_into(
                     chunk[:, :, start : start + take],
                     group.frames[:, group.filled : group.filled + take],
@@ -210,28 +281,28 @@ class StagePipeline:
                 group.filled += take
                 start += take
                 partial_group = group
-                if group.filled == self.options.batch_frames:
-                    group.ready = _ready_after(group.frames)
+                if group.filled == self._options.batch_frames:
+                    group.ready = ready_event(group.frames.device)
                     groups.append(group)
                     partial_group = None
             return groups, partial_group
 
-    def _new_group(self, quantizer: ChunkQuantizer, chunk: Tensor) -> _Prepared:
+    def _new_group(self, quantizer: ChunkQuantizer, chunk: Tensor) -> _QuantizedGroup:
         # A fresh buffer per group, not a pool: the ring's copy, or (transfer_slots=0) the encoders, may
         # still read the last one.
         batch, _, _, height, width = chunk.shape
-        shape = (batch, self.options.batch_frames, *quantizer.frame_shape(height, width))
-        counting = self.options.nonfinite == "error"
-        return _Prepared(
+        shape = (batch, self._options.batch_frames, *quantizer.frame_shape(height, width))
+        counting = self._options.nonfinite == "error"
+        return _QuantizedGroup(
             torch.empty(shape, dtype=torch.uint8, device=chunk.device),
             torch.zeros((), dtype=torch.int64, device=chunk.device) if counting else None,
         )
 
-    def _last_group(self, group: _Prepared) -> _Prepared:
+    def _last_group(self, group: _QuantizedGroup) -> _QuantizedGroup:
         """Worker thread: the stream's last group, short of ``batch_frames`` frames, made contiguous."""
         with self._on_quantize_stream():
             group.frames = group.frames[:, : group.filled].contiguous()
-            group.ready = _ready_after(group.frames)
+            group.ready = ready_event(group.frames.device)
         return group
 
     def _on_quantize_stream(self) -> contextlib.AbstractContextManager[Any]:
@@ -243,13 +314,13 @@ class StagePipeline:
 
     async def _transfer(
         self,
-        prepared: MemoryObjectReceiveStream[_Prepared],
+        groups: MemoryObjectReceiveStream[_QuantizedGroup],
         leases: MemoryObjectSendStream[ChunkLease],
         limiter: anyio.CapacityLimiter,
     ) -> None:
         readers = len(self.encoders)
-        with prepared, leases:
-            async for group in prepared:
+        with groups, leases:
+            async for group in groups:
                 with self._span("transfer"):
                     copy = {"readers": readers, "ready": group.ready, "extra": group.nan_count}
                     if self.ring is not None:
@@ -328,7 +399,7 @@ class StagePipeline:
         leases: MemoryObjectReceiveStream[ChunkLease],
         limiter: anyio.CapacityLimiter,
     ) -> None:
-        encoder, sink = self.encoders[entry], self.sinks[entry]
+        encoder, sink = self.encoders[entry], self._sinks[entry]
 
         async def encode(frames: Any) -> bytes:
             with self._span(f"encode[{entry}]"):
@@ -340,12 +411,12 @@ class StagePipeline:
                     try:
                         frames = lease.numpy()[entry]
                         held = b""
-                        if self.options.output == "fragmented" and len(frames) > 1:
+                        if self._options.output == "fragmented" and len(frames) > 1:
                             # The first frame's packet closes the previous group's fragment: hand it on
                             # before the rest, unless that would wait (never wait while holding the slot).
                             held = await encode(frames[:1])
                             if sink.offer(held):
-                                self.latency.handed_on(entry, encoder.frames_out)
+                                self._latency.handed_on(entry, encoder.frames_out)
                                 held = b""
                             frames = frames[1:]
                         data = held + await encode(frames)
@@ -362,7 +433,7 @@ class StagePipeline:
                 sink.complete()
         except Exception as error:
             # Record it before the cleanup below yields: neighbours ending meanwhile must find it.
-            self._fail(error)
+            self._stage_failed(error)
             raise
         finally:
             sink.close()
@@ -372,25 +443,16 @@ class StagePipeline:
     async def _hand_on(self, entry: int, data: bytes) -> None:
         """Give ``data`` to the entry's sink and record the frames it holds as out (the latency numbers)."""
         frames_out = self.encoders[entry].frames_out  # what ``data`` and the bytes before it hold
-        await self.sinks[entry].write(data)
-        self.latency.handed_on(entry, frames_out)
+        await self._sinks[entry].write(data)
+        self._latency.handed_on(entry, frames_out)
 
     @contextlib.contextmanager
     def _span(self, stage: str) -> Iterator[None]:
-        if self.timeline is None:
+        if self._timeline is None:
             yield
             return
         start = time.perf_counter()
         try:
             yield
         finally:
-            self.timeline.append(StageSpan(stage, start, time.perf_counter()))
-
-
-def _ready_after(frames: Tensor) -> Any:
-    """A CUDA event after the work queued so far on the current stream (None for CPU frames)."""
-    if not frames.is_cuda:
-        return None
-    ready = torch.cuda.Event()
-    ready.record(torch.cuda.current_stream(frames.device))
-    return ready
+            self._timeline.append(StageSpan(stage, start, time.perf_counter()))

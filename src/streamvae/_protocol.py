@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
-__all__ = ["ChunkPublisher", "SupportsChunkedVAEDecode", "check_latents", "publish_chunks"]
+__all__ = ["ChunkPublisher", "SupportsChunkedVAEDecode", "publish_chunks"]
 
 
 @runtime_checkable
@@ -124,19 +124,3 @@ def publish_chunks(
             close()
     publisher.raise_if_failed()
 
-
-def check_latents(z: object, channels: int | None, *, owner: str, name: str = "z") -> None:
-    """Raise TypeError/ValueError naming ``owner`` and ``name`` unless ``z`` is a latent a decoder takes:
-    a non-empty ``[B, channels, T, H, W]`` tensor (any channel count when ``channels`` is None)."""
-    expected = f"[batch, {'channels' if channels is None else channels}, frames, height, width]"
-    if not isinstance(z, Tensor):
-        raise TypeError(f"{owner}: {name} must be a torch.Tensor {expected}, got {type(z).__name__}")
-    if z.ndim != 5:
-        raise ValueError(f"{owner}: {name} must be a 5-D latent {expected}, got shape {tuple(z.shape)}")
-    if channels is not None and z.shape[1] != channels:
-        raise ValueError(
-            f"{owner}: {name} must have {channels} latent channels in dim 1 {expected}, "
-            f"got shape {tuple(z.shape)}"
-        )
-    if z.numel() == 0:
-        raise ValueError(f"{owner}: {name} must not be empty {expected}, got shape {tuple(z.shape)}")

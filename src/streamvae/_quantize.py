@@ -16,14 +16,14 @@ from torch import Tensor
 
 __all__ = [
     "ChunkQuantizer",
-    "PixelPath",
+    "PixelFormat",
     "check_chunk",
     "check_value_range",
     "quantize_chunk",
     "quantize_chunk_yuv420",
 ]
 
-PixelPath = Literal["rgb24", "yuv420p"]
+PixelFormat = Literal["rgb24", "yuv420p"]
 
 # BT.709 luma weights; limited ("TV") range puts Y in [16, 235] and Cb/Cr in [16, 240].
 _KR, _KB = 0.2126, 0.0722
@@ -89,7 +89,7 @@ class ChunkQuantizer:
     quantizer per stream of chunks, from one thread at a time.
     """
 
-    def __init__(self, value_range: tuple[float, float], pixel_format: PixelPath = "rgb24") -> None:
+    def __init__(self, value_range: tuple[float, float], pixel_format: PixelFormat = "rgb24") -> None:
         if pixel_format not in ("rgb24", "yuv420p"):
             raise ValueError(f"pixel_format must be 'rgb24' or 'yuv420p', got {pixel_format!r}")
         low, high = check_value_range(value_range)
@@ -99,7 +99,7 @@ class ChunkQuantizer:
         low, high = _in_float32(low), _in_float32(high)
         self.value_range = (low, high)
         self._scale = 1.0 / (high - low)
-        self.pixel_format: PixelPath = pixel_format
+        self.pixel_format: PixelFormat = pixel_format
         self._scratch: Tensor | None = None  # kept between calls on the CPU only
 
     def frame_shape(self, height: int, width: int) -> tuple[int, ...]:
@@ -226,7 +226,7 @@ def quantize_chunk_yuv420(chunk: Tensor, value_range: tuple[float, float]) -> Te
     return _quantize(chunk, value_range, "yuv420p")
 
 
-def _quantize(chunk: Tensor, value_range: tuple[float, float], pixel_format: PixelPath) -> Tensor:
+def _quantize(chunk: Tensor, value_range: tuple[float, float], pixel_format: PixelFormat) -> Tensor:
     batch, _, frames, height, width = check_chunk(chunk).shape
     quantizer = ChunkQuantizer(value_range, pixel_format)
     shape = (batch, frames, *quantizer.frame_shape(height, width))

@@ -73,6 +73,11 @@ class MP4ByteStream:
     async def aclose(self) -> None:
         self._receive.close()
 
+    def end_unwritten(self) -> None:
+        """End the stream from the writing side before any encoder wrote to it (the session was aborted
+        before its first chunk): a waiting reader wakes and raises why, instead of waiting forever."""
+        self._send.close()
+
     @property
     def read_started(self) -> bool:
         """Whether a reader has come for this stream (the session's stall check uses it)."""

@@ -4,10 +4,15 @@ The ring is where backpressure from the encoders reaches the producer: ``transfe
 and never grows the pool, and a slot returns only when the last reader of its chunk releases it — being
 dequeued by an encoder is not enough, because PyAV may still be reading the buffer.
 
-On CUDA the slots are pinned and each copy is non-blocking on one copy stream per device, after an event
-recorded on the producer's stream; its landing is polled, so the wait can be abandoned (a copy queued behind
-a collective with a dead peer never completes). On a CPU the same ring copies in a worker thread, so the
-slot logic is exercised on every machine.
+On CUDA the slots are pinned host buffers and each copy is a non-blocking copy on one side CUDA stream per
+device, ordered after an event recorded on the producer's CUDA stream; its landing is awaited by polling a
+completion event with a short backoff, so the wait can be abandoned on cancel (a copy queued behind a
+collective with a dead peer never completes). On a CPU device the same ring runs with ordinary host slots
+and a copy in a worker thread, so the slot logic is exercised on every machine.
+
+The slot lifecycle: free → copying → landed (read by each entry's encoder) → free again after the last
+reader's release. A lease discarded before its copy landed is retired: its slot and its source tensor stay
+held until the copy is done, so neither is reused while the device may still read or write them.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamvae._errors import RingAbortedError, check_int
+from streamvae._checks import check_int
+from streamvae._cuda import ready_event
+from streamvae._errors import RingAbortedError
 
-__all__ = ["ChunkLease", "ChunkTransferStats", "PinnedChunkRing", "RingAbortedError", "host_lease"]
+__all__ = ["ChunkLease", "ChunkTransferStats", "PinnedChunkRing", "host_lease"]
 
 _POLL_START_SECONDS = 0.0002
 _POLL_MAX_SECONDS = 0.005
@@ -286,8 +293,7 @@ class PinnedChunkRing:
             ):
                 raise ValueError(f"{name} are on {tensor.device}, but this ring copies from {self.device}")
         if self._cuda and ready is None:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self.device))
+            ready = ready_event(self.device)
         slot = await self._acquire()
         lease = ChunkLease(self, slot, frames.shape, readers)
         lease._source = (frames, extra)

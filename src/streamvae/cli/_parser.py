@@ -12,8 +12,8 @@ from typing import NoReturn
 
 import torch
 
-from streamvae._encode import as_fps
-from streamvae._encode_options import MAX_CRF, X264_PRESETS
+from streamvae._checks import check_fps
+from streamvae._codec_options import MAX_CRF, X264_PRESETS
 from streamvae.cli._commands import decode_job, demo_job, run_job, serve
 from streamvae.cli._inputs import CliError
 
@@ -24,7 +24,7 @@ def _fps(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     try:
-        as_fps(fps)  # the session's own rule, checked before anything is decoded
+        check_fps(fps)  # the session's own rule, checked before anything is decoded
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return fps

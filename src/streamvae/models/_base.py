@@ -16,7 +16,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from streamvae._protocol import SupportsChunkedVAEDecode, check_latents, publish_chunks
+from streamvae._checks import check_latents
+from streamvae._protocol import SupportsChunkedVAEDecode, publish_chunks
 from streamvae.models._common import execution_device
 
 __all__ = ["PIECEWISE_CLASSES", "ChunkedDecoder", "DecodeState", "ProtocolDecoder"]

@@ -7,7 +7,7 @@ import importlib
 from typing import Any
 
 from streamvae._protocol import SupportsChunkedVAEDecode
-from streamvae.models._base import ChunkedDecoder, ProtocolDecoder
+from streamvae.models._base import PIECEWISE_CLASSES, ChunkedDecoder, ProtocolDecoder
 
 __all__ = ["as_decoder", "chunked_decoder", "supported_classes"]
 
@@ -33,6 +33,38 @@ def chunked_decoder(vae: Any, **decode_kwargs: Any) -> ChunkedDecoder:
     ``decode_kwargs`` pass through to the adapter (for decoders whose ``decode`` takes extra inputs, such
     as LTX-Video's ``temb``). Raises :class:`TypeError` naming the class when it is not supported.
     """
+    return _adapter(vae, decode_kwargs, owner="chunked_decoder", supported=supported_classes())
+
+
+def as_decoder(
+    vae: Any, *, owner: str = "as_decoder", pieces: bool = False, **decode_kwargs: Any
+) -> ChunkedDecoder:
+    """The :class:`ChunkedDecoder` that decodes with ``vae``, so callers need not probe what it is.
+
+    A :class:`ChunkedDecoder` is returned as it is; any other :class:`streamvae.SupportsChunkedVAEDecode`
+    is wrapped in a :class:`ProtocolDecoder`; a supported diffusers VAE gets its adapter
+    (:func:`chunked_decoder`, which takes ``decode_kwargs``). Anything else raises TypeError naming its
+    class and ``owner`` (the function the user called), and listing the diffusers classes that would do:
+    those that decode latents in pieces when ``pieces`` is true. Importing diffusers happens only for a
+    diffusers VAE.
+    """
+    decoder: ChunkedDecoder
+    if isinstance(vae, ChunkedDecoder):
+        decoder = vae
+    elif isinstance(vae, SupportsChunkedVAEDecode):
+        decoder = ProtocolDecoder(vae)
+    else:
+        supported = list(PIECEWISE_CLASSES) if pieces else supported_classes()
+        return _adapter(vae, decode_kwargs, owner=owner, supported=supported)
+    if decode_kwargs:
+        raise TypeError(
+            f"{owner}: {', '.join(decode_kwargs)} apply only to a diffusers VAE, "
+            f"got a decoder ({type(vae).__qualname__})"
+        )
+    return decoder
+
+
+def _adapter(vae: Any, decode_kwargs: dict[str, Any], *, owner: str, supported: list[str]) -> ChunkedDecoder:
     for cls in type(vae).__mro__:
         entry = _ADAPTERS.get(cls.__name__)
         if entry is not None and cls.__module__.startswith("diffusers."):
@@ -41,29 +73,7 @@ def chunked_decoder(vae: Any, **decode_kwargs: Any) -> ChunkedDecoder:
             adapter: ChunkedDecoder = adapter_cls(vae, **decode_kwargs)
             return adapter
     raise TypeError(
-        f"chunked_decoder: {type(vae).__module__}.{type(vae).__qualname__} is not a supported VAE; "
-        f"supported diffusers classes: {', '.join(supported_classes())}"
+        f"{owner}: vae must be a supported diffusers VAE or a streamvae.SupportsChunkedVAEDecode, got "
+        f"{type(vae).__module__}.{type(vae).__qualname__}; "
+        f"supported diffusers classes: {', '.join(supported)}"
     )
-
-
-def as_decoder(vae: Any, **decode_kwargs: Any) -> ChunkedDecoder:
-    """The :class:`ChunkedDecoder` that decodes with ``vae``, so callers need not probe what it is.
-
-    A :class:`ChunkedDecoder` is returned as it is; any other :class:`streamvae.SupportsChunkedVAEDecode`
-    is wrapped in a :class:`ProtocolDecoder`; a supported diffusers VAE gets its adapter
-    (:func:`chunked_decoder`, which takes ``decode_kwargs``). Anything else raises TypeError naming its
-    class. Importing diffusers happens only for a diffusers VAE.
-    """
-    decoder: ChunkedDecoder
-    if isinstance(vae, ChunkedDecoder):
-        decoder = vae
-    elif isinstance(vae, SupportsChunkedVAEDecode):
-        decoder = ProtocolDecoder(vae)
-    else:
-        return chunked_decoder(vae, **decode_kwargs)
-    if decode_kwargs:
-        raise TypeError(
-            f"as_decoder: {', '.join(decode_kwargs)} apply only to a diffusers VAE, "
-            f"got a decoder ({type(vae).__qualname__})"
-        )
-    return decoder

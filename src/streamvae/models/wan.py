@@ -27,7 +27,7 @@ from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, WanCausalConv3d, unpatchify
 from torch import Tensor
 
-from streamvae._protocol import check_latents
+from streamvae._checks import check_latents
 from streamvae.models._base import ChunkedDecoder, DecodeState
 from streamvae.models._common import blend_tiles, execution_device, uses_spatial_tiling
 

@@ -1,18 +1,17 @@
-"""Checks for code built on streamvae: a conformance suite for chunked decoders, and leak checks.
+"""The conformance suite for chunked decoders: :func:`check_chunked_decoder` and what it reports.
 
-:func:`check_chunked_decoder` tests the contract of :class:`streamvae.SupportsChunkedVAEDecode` once, for
-any decoder — streamvae's adapters and yours alike — the way ``trio.testing.check_one_way_stream`` tests a
-stream: call it from your test suite with a small latent and the decode it must reproduce.
-:func:`open_containers` counts the MP4 containers open in this process (a leak check for tests and
-servers: it must come back to its value before a session once the session is over).
+It tests the contract of :class:`streamvae.SupportsChunkedVAEDecode` once, for any decoder — streamvae's
+adapters and yours alike — the way ``trio.testing.check_one_way_stream`` tests a stream: call it from your
+test suite with a small latent and the decode it must reproduce. It needs no test framework: a broken
+contract is an AssertionError that names the decoder and what it broke.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: ChunkedDecoderReport shows as streamvae.testing's, and
+# typing.get_type_hints resolves string annotations in that module, which does not import Tensor.
 
 import contextlib
 import gc
 import re
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,38 +22,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from streamvae._encode import open_containers
 from streamvae.models import ChunkedDecoder, as_decoder
 from streamvae.models._common import execution_device
 
-__all__ = [
-    "TINY_VAE_CONFIGS",
-    "ChunkedDecoderReport",
-    "check_chunked_decoder",
-    "enable_small_tiling",
-    "foreign_threads",
-    "open_containers",
-]
-
-#: Configs of tiny diffusers VAEs (the real classes; a few latent frames decode in a fraction of a second on
-#: a CPU) for tests, examples and smoke runs: ``AutoencoderKLWan(**TINY_VAE_CONFIGS["wan22"])``.
-TINY_VAE_CONFIGS: dict[str, dict[str, Any]] = {
-    # Wan 2.1 layout (z_dim 16, 8× spatial); AutoencoderKLQwenImage takes the same config.
-    "wan21": {"base_dim": 3, "z_dim": 16, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1},
-    # Wan 2.2 layout (z_dim 48, residual, patch_size 2, 16× spatial).
-    "wan22": {
-        "base_dim": 4,
-        "decoder_base_dim": 4,
-        "z_dim": 48,
-        "dim_mult": [1, 1, 1, 1],
-        "num_res_blocks": 1,
-        "is_residual": True,
-        "in_channels": 12,
-        "out_channels": 12,
-        "patch_size": 2,
-        "scale_factor_spatial": 16,
-    },
-}
+__all__ = ["ChunkedDecoderReport", "check_chunked_decoder"]
 
 
 @dataclass(frozen=True)
@@ -374,26 +345,3 @@ def _counting_pre_forward(vae: Any) -> Iterator[list[int] | None]:
             del hook.pre_forward
         else:
             hook.pre_forward = own
-
-
-def foreign_threads() -> set[str]:
-    """Names of the live threads that are neither the main thread nor an idle worker of anyio's or trio's
-    pools (those idle workers linger about ten seconds after use): compare before and after a session to
-    check that it left no thread behind."""
-    return {
-        thread.name
-        for thread in threading.enumerate()
-        if thread is not threading.main_thread()
-        and not thread.name.startswith(("AnyIO worker thread", "Trio thread", "asyncio_"))
-    }
-
-
-def enable_small_tiling(vae: Any) -> None:
-    """Spatial tiles of 4×4 latents every 3 latents, so a small latent tiles (6×7 latents: 2×3 tiles)."""
-    ratio = vae.spatial_compression_ratio
-    vae.enable_tiling(
-        tile_sample_min_height=4 * ratio,
-        tile_sample_min_width=4 * ratio,
-        tile_sample_stride_height=3 * ratio,
-        tile_sample_stride_width=3 * ratio,
-    )

@@ -1,0 +1,38 @@
+"""Tiny VAE configs: real diffusers VAE classes small enough for tests, examples and smoke runs on a CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["TINY_VAE_CONFIGS", "enable_small_tiling"]
+
+#: Configs of tiny diffusers VAEs (the real classes; a few latent frames decode in a fraction of a second on
+#: a CPU) for tests, examples and smoke runs: ``AutoencoderKLWan(**TINY_VAE_CONFIGS["wan22"])``.
+TINY_VAE_CONFIGS: dict[str, dict[str, Any]] = {
+    # Wan 2.1 layout (z_dim 16, 8× spatial); AutoencoderKLQwenImage takes the same config.
+    "wan21": {"base_dim": 3, "z_dim": 16, "dim_mult": [1, 1, 1, 1], "num_res_blocks": 1},
+    # Wan 2.2 layout (z_dim 48, residual, patch_size 2, 16× spatial).
+    "wan22": {
+        "base_dim": 4,
+        "decoder_base_dim": 4,
+        "z_dim": 48,
+        "dim_mult": [1, 1, 1, 1],
+        "num_res_blocks": 1,
+        "is_residual": True,
+        "in_channels": 12,
+        "out_channels": 12,
+        "patch_size": 2,
+        "scale_factor_spatial": 16,
+    },
+}
+
+
+def enable_small_tiling(vae: Any) -> None:
+    """Spatial tiles of 4×4 latents every 3 latents, so a small latent tiles (6×7 latents: 2×3 tiles)."""
+    ratio = vae.spatial_compression_ratio
+    vae.enable_tiling(
+        tile_sample_min_height=4 * ratio,
+        tile_sample_min_width=4 * ratio,
+        tile_sample_stride_height=3 * ratio,
+        tile_sample_stride_width=3 * ratio,
+    )
