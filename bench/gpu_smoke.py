@@ -64,8 +64,8 @@ import torch
 from torch import Tensor, nn
 
 from streamvae import ChunkedVideoMP4Session, decode_to_mp4, quantize_chunk, stream_mp4
+from streamvae._codec_options import auto_video_codec
 from streamvae._encode import EntryEncoder
-from streamvae._encode_options import auto_video_codec
 from streamvae.models import chunked_decoder
 from streamvae.testing import TINY_VAE_CONFIGS, enable_small_tiling, open_containers
 

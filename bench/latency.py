@@ -54,8 +54,8 @@ from _report import DOCS, write_section
 
 import streamvae._encode as encode_module
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream
+from streamvae._codec_options import OutputKind, default_codec_options
 from streamvae._encode import EntryEncoder
-from streamvae._encode_options import OutputKind, default_codec_options
 from streamvae._fragments import FragmentCounter
 from streamvae.demo import DEMO_FPS, demo_latent, demo_vae
 from streamvae.server import create_app

@@ -10,32 +10,32 @@ import av
 import numpy as np
 import pytest
 
-from streamvae import ChunkedVideoMP4Session, SessionOptions, _encode_options
-from streamvae._encode import EntryEncoder, open_entry_encoders
-from streamvae._encode_options import (
+from streamvae import ChunkedVideoMP4Session, SessionOptions, _codec_options
+from streamvae._codec_options import (
     NVENC_PRESETS,
     auto_codec_options,
     auto_video_codec,
     check_video_codec,
     merge_codec_options,
 )
+from streamvae._encode import EntryEncoder, open_entry_encoders
 from streamvae.testing import open_containers
 from tests._media import read_mp4, wan_like_chunks
 
-NVENC_OPENS_HERE = _encode_options._nvenc_encodes()
+NVENC_OPENS_HERE = _codec_options._nvenc_encodes()
 needs_no_nvenc = pytest.mark.skipif(NVENC_OPENS_HERE, reason="simulates an NVENC open that fails")
 
 
 @pytest.fixture(autouse=True)
 def fresh_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test sees the process's probe not yet run (and leaves the real cache as it was)."""
-    monkeypatch.setattr(_encode_options, "_auto_codec", None)
+    monkeypatch.setattr(_codec_options, "_auto_codec", None)
     yield
 
 
 def nvenc_found_by_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe "found" NVENC: the session's own opens (real ones, failing on this machine) follow."""
-    monkeypatch.setattr(_encode_options, "_auto_codec", "h264_nvenc")
+    monkeypatch.setattr(_codec_options, "_auto_codec", "h264_nvenc")
 
 
 async def encode_auto(output: Any = "mp4", batch: int = 2) -> tuple[list[bytes], ChunkedVideoMP4Session]:
@@ -56,7 +56,7 @@ async def encode_auto(output: Any = "mp4", batch: int = 2) -> tuple[list[bytes],
 async def test_auto_chooses_libx264_without_nvenc_and_writes_valid_mp4s() -> None:
     videos, session = await encode_auto()
     assert session.encoder_name == "libx264"
-    assert _encode_options._auto_codec == "libx264"
+    assert _codec_options._auto_codec == "libx264"
     for video in videos:
         assert read_mp4(video).frames.shape == (9, 32, 48, 3)
 
@@ -69,7 +69,7 @@ async def test_the_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) 
         probes.append(None)
         return False
 
-    monkeypatch.setattr(_encode_options, "_nvenc_encodes", probe)
+    monkeypatch.setattr(_codec_options, "_nvenc_encodes", probe)
     await encode_auto(batch=3)
     await encode_auto(batch=1)
     assert auto_video_codec() == "libx264"
@@ -131,25 +131,70 @@ def test_auto_refuses_options_that_are_not_codec_neutral(options: dict[str, str]
         SessionOptions(value_range=(-1, 1), fps=16, video_codec="auto", video_codec_options=options)
 
 
+# Values float(), int() or str.isdigit() take and no encoder does (or not both): other scripts' digits,
+# superscripts, spaces, underscores, exponents, signs, inf and nan, numbers beyond a C int.
+NOT_PLAIN = ["", " 18", "18 ", "18\n", "١٢", "²", "18_0", "1e1", "+18", "-1", "inf", "nan", "0x10", "18,5"]
+
+
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("name", "value", "form"),
     [
-        ({"preset": "p4"}, "one of x264's presets"),
-        ({"crf": "60"}, "crf must be a number from 0 to 51"),
-        ({"crf": "high"}, "crf must be a number from 0 to 51"),
-        ({"threads": "-1"}, "threads must be a whole number"),
+        *[("crf", value, "a plain decimal from 0 to 51") for value in NOT_PLAIN],
+        *[("crf", value, "a plain decimal from 0 to 51") for value in ["52", "51.5", "18.", ".5", "high"]],
+        ("crf", "9" * 5000, "a plain decimal from 0 to 51"),
+        *[("threads", value, "ASCII digits from 0 to 2147483647") for value in NOT_PLAIN],
+        *[("threads", value, "ASCII digits from 0 to 2147483647") for value in ["1.0", "auto"]],
+        ("threads", "2147483648", "ASCII digits from 0 to 2147483647"),  # one beyond a C int
+        ("threads", "99999999999", "ASCII digits from 0 to 2147483647"),
+        ("threads", "9" * 5000, "ASCII digits from 0 to 2147483647"),
+        *[("g", value, "ASCII digits from 0 to 2147483647") for value in NOT_PLAIN],
+        ("g", "2147483648", "ASCII digits from 0 to 2147483647"),
+        ("g", "16.0", "ASCII digits from 0 to 2147483647"),
+        *[("preset", value, "one of x264's presets") for value in ["p4", "VeryFast", " fast", "fast ", ""]],
     ],
 )
-def test_auto_refuses_neutral_options_with_values_one_encoder_lacks(
-    options: dict[str, str], message: str
+def test_auto_refuses_neutral_option_values_an_encoder_would_not_take_before_any_work(
+    name: str, value: str, form: str
 ) -> None:
-    with pytest.raises(ValueError, match=message):
-        SessionOptions(value_range=(-1, 1), fps=16, video_codec="auto", video_codec_options=options)
+    # Each passed the check once and failed every session at its first frame (a server: every request).
+    match = rf"video_codec_options: {name} under video_codec='auto' must be {form}"
+    with pytest.raises(ValueError, match=match):
+        SessionOptions(value_range=(-1, 1), fps=16, video_codec="auto", video_codec_options={name: value})
+    with pytest.raises(ValueError, match=match):
+        ChunkedVideoMP4Session(
+            value_range=(-1, 1), fps=16, video_codec="auto", video_codec_options={name: value}
+        )
+    assert open_containers() == 0
 
 
-def test_auto_accepts_every_codec_neutral_option() -> None:
-    options = {"crf": "23.5", "preset": "medium", "threads": "2", "g": "16"}
-    assert SessionOptions(value_range=(-1, 1), fps=16, video_codec="auto", video_codec_options=options)
+def test_a_refused_value_is_shown_cut_short() -> None:
+    with pytest.raises(ValueError, match=r"got '9{24}'…$"):
+        check_video_codec("auto", {"threads": "9" * 5000})
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"crf": "0"},
+        {"crf": "51"},
+        {"crf": "51.0"},
+        {"crf": "23.5"},
+        {"crf": "018"},
+        {"threads": "0"},  # the encoder's choice
+        {"threads": "0001"},
+        {"threads": "2147483647"},  # the C int's maximum: libx264 caps the threads it starts
+        {"g": "0"},  # every frame a keyframe
+        {"g": "2147483647"},
+        {"preset": "ultrafast"},
+        {"preset": "placebo"},
+    ],
+)
+def test_every_neutral_value_auto_accepts_encodes(options: dict[str, str]) -> None:
+    check_video_codec("auto", options)
+    encoder = EntryEncoder(fps=Fraction(16), video_codec="auto", video_codec_options=options)
+    frames = np.random.default_rng(0).integers(0, 256, (3, 32, 48, 3), dtype=np.uint8)
+    encoder.encode(frames)
+    assert read_mp4(encoder.finish()).frames.shape == (3, 32, 48, 3)
 
 
 @pytest.mark.parametrize("output", ["mp4", "fragmented"])

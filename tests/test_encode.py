@@ -14,7 +14,8 @@ import av
 import numpy as np
 import pytest
 
-from streamvae._encode import EntryEncoder, merge_codec_options
+from streamvae._codec_options import merge_codec_options
+from streamvae._encode import EntryEncoder
 from streamvae._fragments import FragmentCounter
 from tests._media import DETERMINISTIC_X264, moving_pattern, psnr, read_mp4, to_rgb_uint8
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from streamvae._failure import FailureRecord
@@ -50,10 +52,13 @@ def test_equal_but_separate_errors_are_each_kept() -> None:
     assert failed_with(first, second).errors == [first, second]
 
 
-def test_a_single_failure_is_raised_itself_unwrapped() -> None:
+@pytest.mark.parametrize("raise_it", [FailureRecord.raise_if_failed, FailureRecord.raise_if_undelivered])
+def test_a_single_failure_no_caller_has_seen_is_raised_itself_unwrapped(
+    raise_it: Callable[[FailureRecord], None],
+) -> None:
     error = OSError("disk full")
     with pytest.raises(OSError) as raised:
-        failed_with(error).raise_if_failed()
+        raise_it(failed_with(error))
     assert raised.value is error
 
 
@@ -93,13 +98,6 @@ def test_a_group_with_an_interrupt_is_a_base_exception_group() -> None:
         failed_with(interrupt, error).raise_if_failed()
     assert not isinstance(raised.value, Exception)
     assert raised.value.exceptions == (interrupt, error)
-
-
-def test_raise_if_undelivered_raises_a_failure_no_caller_has_seen() -> None:
-    error = OSError("disk full")
-    with pytest.raises(OSError) as raised:
-        failed_with(error).raise_if_undelivered()
-    assert raised.value is error
 
 
 def test_raise_if_undelivered_is_quiet_once_a_caller_has_seen_the_failure() -> None:

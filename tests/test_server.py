@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from streamvae import SessionOptions
 from streamvae._encode import EntryEncoder
 from streamvae.demo import demo_latent, demo_vae
 from streamvae.models import chunked_decoder
@@ -313,10 +314,81 @@ async def test_each_request_logs_its_latency_and_stats_summarizes_the_completed_
     assert lines[0].startswith("request 1 ") and "first fragment after" in lines[0]
 
 
-def test_create_app_rejects_bad_limits() -> None:
-    for options in ({"max_concurrent": 0}, {"max_queued": -1}, {"stall_timeout": 0}):
-        with pytest.raises(ValueError, match=next(iter(options))):
-            create_app(**options)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("argument", "value", "message"),
+    [
+        *[
+            ("max_concurrent", value, "max_concurrent must be an int >= 1")
+            for value in (0, -1, 1.5, "8", True)
+        ],
+        *[("max_queued", value, "max_queued must be an int >= 0") for value in (-1, 1.0, "16", None)],
+        *[
+            ("stall_timeout", value, "stall_timeout must be a positive, finite number of seconds")
+            for value in (0, -1, float("nan"), float("inf"), "30", True, None)
+        ],
+        *[("retry_after", value, "retry_after must be an int >= 0") for value in (-1, 1.5, "5", None)],
+        *[("max_frames", value, "max_frames must be an int >= 1") for value in (0, 2.0, "257")],
+        *[("max_size", value, "max_size must be an int >= 1") for value in (0, "512", None)],
+        *[("fps", value, "fps must be a number") for value in (0, "16", float("nan"), 1e6, True, None)],
+        ("session_options", {"batch_frames": 0}, "session_options: batch_frames must be an int >= 1"),
+        (
+            "session_options",
+            {"batch_frame": 2},
+            "session_options has 'batch_frame', not a SessionOptions keyword",
+        ),
+        ("session_options", {"fps": 24}, "pass fps to create_app"),
+        (
+            "session_options",
+            {"encode_limiter": anyio.CapacityLimiter(1)},
+            "pass encode_limiter to create_app",
+        ),
+    ],
+)
+def test_create_app_refuses_a_bad_value_naming_itself_and_the_argument(
+    argument: str, value: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"^create_app: {message}"):
+        create_app(**{argument: value})
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("vae", object()),
+        ("latents", 5),
+        ("on_event", "log"),
+        ("encode_limiter", 4),
+        ("encode_limiter", anyio.Semaphore(1)),
+        ("session_options", [("batch_frames", 1)]),
+    ],
+)
+def test_create_app_refuses_an_object_of_the_wrong_kind_with_a_type_error(
+    argument: str, value: object
+) -> None:
+    with pytest.raises(TypeError, match=rf"^create_app: {argument}"):
+        create_app(**{argument: value})
+
+
+def test_a_bad_encode_limiter_is_the_same_error_for_the_app_as_for_a_session() -> None:
+    with pytest.raises(TypeError) as of_session:
+        SessionOptions(value_range=(-1, 1), fps=16, encode_limiter=4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError) as of_app:
+        create_app(encode_limiter=4)  # type: ignore[arg-type]
+    assert type(of_app.value) is type(of_session.value)
+    assert "encode_limiter must be an anyio.CapacityLimiter or None, got int" in str(of_app.value)
+
+
+@pytest.mark.parametrize("options", [{"threads": "99999999999"}, {"crf": "١٢"}, {"g": "1e1"}, {"crf": "nan"}])
+def test_an_auto_codec_value_no_encoder_takes_fails_when_the_app_is_built(options: dict[str, str]) -> None:
+    # It passed once, and every request was a 500.
+    session_options = {"video_codec": "auto", "video_codec_options": options}
+    with pytest.raises(ValueError, match=r"^create_app: session_options: video_codec_options: "):
+        create_app(session_options=session_options)
+
+
+def test_an_encoder_that_cannot_take_the_frames_fails_when_the_app_is_built() -> None:
+    with pytest.raises(ValueError, match=r"^create_app: session_options: video_codec 'libx264rgb' takes"):
+        create_app(session_options={"video_codec": "libx264rgb"})
 
 
 def test_every_request_encodes_under_the_apps_shared_encode_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -335,13 +407,6 @@ def test_every_request_encodes_under_the_apps_shared_encode_budget(monkeypatch: 
             response = httpx.get(f"{url}/video.mp4?frames=5&size=32&seed={seed}", timeout=120)
             assert response.status_code == 200
     assert seen and set(seen) == {(1, "1")}  # each call held the app's token; x264 got one thread
-
-
-def test_create_app_takes_only_a_capacity_limiter_as_its_encode_budget() -> None:
-    with pytest.raises(TypeError, match="encode_limiter"):
-        create_app(encode_limiter=4)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="encode_limiter"):
-        create_app(session_options={"encode_limiter": anyio.CapacityLimiter(1)})
 
 
 def test_serve_trims_the_allocator_after_each_video_response_and_nothing_else(

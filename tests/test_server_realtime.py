@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import numpy as np
 import pytest
@@ -104,3 +106,34 @@ async def test_bad_realtime_values_are_a_400_that_names_the_problem(query: str, 
     assert response.status_code == 400
     assert message in response.text
     assert len(response.text) < 200
+
+
+@pytest.mark.parametrize(
+    ("latent", "problem"),
+    [
+        (
+            demo_latent(5, 16)[0],
+            r"must be a 5-D latent \[batch, channels, frames, height, width\], got shape \(16,",
+        ),
+        (demo_latent(5, 16).int(), "must be a floating-point latent"),
+        (
+            demo_latent(5, 16, batch=2),
+            r"must be of batch 1 in real-time mode \(realtime=1\), got shape \(2, 16,",
+        ),
+    ],
+)
+async def test_a_realtime_request_for_a_latent_it_cannot_stream_is_a_500_that_logs_the_real_problem(
+    events: EventLog, caplog: pytest.LogCaptureFixture, latent: torch.Tensor, problem: str
+) -> None:
+    # A 4-D latent [C, T, H, W] from a user's latents= read as "batch 16".
+    app = create_app(latents=lambda request: latent, on_event=events, session_options=PINNED)
+    with running_server(app) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+            response = await client.get("/video.mp4?frames=1&size=16&realtime=1&delay=0")
+            await wait_for(events, "failed")
+    assert response.status_code == 500
+    (failure,) = [r for r in caplog.records if r.name == "streamvae.server" and r.exc_info]
+    assert failure.exc_info is not None
+    assert re.search(rf"^create_app: the latent of latents= {problem}", str(failure.exc_info[1]))
+    assert "batch 16" not in str(failure.exc_info[1])
+    assert open_containers() == 0

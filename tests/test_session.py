@@ -299,9 +299,7 @@ async def test_audio_waveform_count_must_match_the_batch() -> None:
     async with ChunkedVideoMP4Session(
         value_range=(-1, 1), fps=16, audio_waveforms=[None], audio_sample_rate=8000
     ) as session:
-        with pytest.raises(
-            ValueError, match="audio_waveforms has 1 entries but the batch has 2"
-        ):
+        with pytest.raises(ValueError, match="audio_waveforms has 1 entries but the batch has 2"):
             await session.push(moving_pattern(0, 1, batch=2))
 
 

@@ -5,13 +5,16 @@ output: its first frame alone, which closes the previous group's fragment, then 
 into the event loop: the bytes the muxer writes are collected in memory and handed back as the return
 value of :meth:`EntryEncoder.encode` / :meth:`EntryEncoder.finish`, between frames — PyAV swallows a
 ``BaseException`` raised inside a ``write()`` callback and would "complete" a truncated file.
+
+The container is opened here, so its muxer options and I/O are here too; what the codec is opened with
+(defaults, checks, ``video_codec="auto"``) is ``_codec_options``'.
 """
 
 from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -20,16 +23,11 @@ import av
 import numpy as np
 from av.video.reformatter import ColorRange, Colorspace
 
-from streamvae._encode_options import (
+from streamvae._codec_options import (
+    ENCODER_PIXEL_FORMAT,
     OutputKind,
-    as_fps,
     auto_codec_options,
     auto_video_codec,
-    check_video_codec,
-    check_waveform,
-    container_options,
-    default_codec_options,
-    faststart_io_open,
     merge_codec_options,
 )
 from streamvae._fragments import FragmentCounter
@@ -37,13 +35,9 @@ from streamvae._output_file import OutputFile
 
 __all__ = [
     "EntryEncoder",
-    "OutputKind",
     "PixelFormat",
-    "as_fps",
-    "check_video_codec",
-    "check_waveform",
-    "default_codec_options",
-    "merge_codec_options",
+    "container_options",
+    "faststart_io_open",
     "open_containers",
     "open_entry_encoders",
 ]
@@ -57,6 +51,46 @@ _LIMITED_RANGE = 1
 #: Encoders that copy each input picture inside ``encode()`` (x264_encoder_encode / x265_encoder_encode copy
 #: it into their own frames), so a frame may wrap memory the caller reuses as soon as the call returns.
 _COPYING_ENCODERS = frozenset({"libx264", "libx265"})
+
+
+# -- the container: the muxer's options, its I/O, how many are open --
+
+_FRAGMENT_FLAGS = "empty_moov+default_base_moof+frag_every_frame"
+
+
+def container_options(output: OutputKind, fps: Fraction, fragment_frames: int = 1) -> dict[str, str]:
+    """The mov muxer's options: faststart for a plain MP4; for fragmented MP4 a fragment every
+    ``fragment_frames`` frames, whatever the keyframes.
+
+    FFmpeg's mov muxer closes a fragment only when the next packet arrives (PyAV has no call that flushes
+    one on demand): ``frag_every_frame`` closes it at the very next packet, and ``min_frag_duration``
+    (half a frame under ``fragment_frames`` frames) keeps it open until it holds that many. The gate is
+    needed even for one frame a fragment: an audio packet that closes a fragment holding a single video
+    frame leaves that frame with a duration of 0 and shifts the ones after it (FFmpeg 8.1).
+    ``delay_moov``: the moov waits for the first packets, so it carries the edit list that starts every
+    track at 0 (AAC's priming, or B-frames a user turned back on, would otherwise shift the timeline).
+    """
+    if output != "fragmented":
+        return {"movflags": "+faststart"}
+    microseconds = (Fraction(fragment_frames) - Fraction(1, 2)) / fps * 1_000_000
+    return {"movflags": _FRAGMENT_FLAGS + "+delay_moov", "min_frag_duration": str(int(microseconds))}
+
+
+def faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.BytesIO]:
+    """The ``io_open`` of a plain MP4 written into ``memory``.
+
+    faststart rewrites the file to move the moov up front: FFmpeg reopens it for reading, and a snapshot of
+    what was written so far is exactly what that second pass reads. A closure over the buffer alone: a bound
+    method of the encoder would make encoder → stream → container → encoder a cycle that only the garbage
+    collector frees: a server then grew by the x264 state of every MP4 it had written.
+    """
+
+    def io_open(url: str, flags: int, options: object) -> io.BytesIO:
+        if flags & 2:  # AVIO_FLAG_WRITE
+            return memory
+        return io.BytesIO(memory.getvalue())
+
+    return io_open
 
 
 _open_containers = 0
@@ -81,6 +115,9 @@ class _ByteCollector:
     def take(self) -> bytes:
         data, self._parts = b"".join(self._parts), []
         return data
+
+
+# -- the encoder of one entry --
 
 
 class EntryEncoder:
@@ -215,7 +252,9 @@ class EntryEncoder:
             _open_containers += 1
         self.codec_options = self._options_for(codec)
         video = self._container.add_stream(codec, rate=self.fps, options=self.codec_options)
-        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        video.width = width
+        video.height = height
+        video.pix_fmt = ENCODER_PIXEL_FORMAT
         video.codec_context.time_base = 1 / self.fps
         context = video.codec_context
         context.colorspace = context.color_primaries = context.color_trc = _BT709
@@ -246,7 +285,7 @@ class EntryEncoder:
         if self.pixel_format == "rgb24":
             frame = av.VideoFrame.from_numpy_buffer(array, format="rgb24")
             return frame.reformat(
-                format="yuv420p", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG
+                format=ENCODER_PIXEL_FORMAT, dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG
             )
         if height % 4 == 0 and self.encoder_name in _COPYING_ENCODERS:
             # Zero-copy: PyAV wraps the slot in a refcounted buffer that FFmpeg references, and these

@@ -56,4 +56,3 @@ class UnreadStreamError(StreamVAEError, RuntimeError):
 
     def __reduce__(self) -> tuple[type[UnreadStreamError], tuple[int, int]]:
         return type(self), (self.waiting, self.unread)
-

@@ -27,10 +27,9 @@ import numpy as np
 from torch import Tensor
 
 from streamvae._checks import check_choice, check_fps, check_int, check_limiter, check_waveform
-from streamvae._encode import PixelFormat
 from streamvae._codec_options import OutputKind, check_video_codec
 from streamvae._output_file import check_output_files
-from streamvae._quantize import check_value_range
+from streamvae._quantize import PixelFormat, check_value_range
 
 __all__ = ["NonFinite", "SessionKeywords", "SessionOptions", "resolve_options"]
 

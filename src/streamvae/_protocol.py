@@ -123,4 +123,3 @@ def publish_chunks(
         if close is not None:
             close()
     publisher.raise_if_failed()
-

@@ -14,12 +14,15 @@ chunk and its session closes (no container, thread or slot outlives the request)
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
+import math
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from importlib.resources import files
 from typing import Any, Literal
 
@@ -32,10 +35,10 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 from torch import Tensor
 
+from streamvae._checks import check_fps, check_int, check_limiter
 from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
-from streamvae._errors import check_int
-from streamvae._options import SessionOptions
+from streamvae._options import OPTION_NAMES, SessionOptions
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
@@ -104,15 +107,21 @@ def create_app(
       ``torch.Generator.manual_seed`` takes); any other value is a 400. Default
       :func:`streamvae.demo.demo_latent` with the request's frames, size and seed (frames must also be
       1 + 4k, size a multiple of 16).
+    - ``fps``: frames per second of every video.
     - ``max_concurrent``: decodes at once (also the worker threads decoding); ``max_queued``: requests
-      that wait for a slot; more get 503 with ``Retry-After: retry_after``.
+      that wait for a slot; more get 503 with ``Retry-After: retry_after`` (seconds).
     - ``stall_timeout``: seconds a reader may take to accept a piece of the MP4 before it is cut off.
-    - ``session_options``: extra :class:`streamvae.SessionOptions` (codec options, ...), checked here.
+    - ``session_options``: extra :class:`streamvae.SessionOptions` keywords (codec options, ...), all but
+      ``fps`` and ``encode_limiter``, which are create_app's own.
     - ``encode_limiter``: the encode budget every request's session shares (its ``encode_limiter``
       option); default one token per core (``os.cpu_count()``), with one x264 thread per encoder unless
       ``session_options`` pins ``threads``. Without a shared budget each of N concurrent requests would
       start its own multi-threaded encoder, and N × threads encoder threads would fight for the cores.
     - ``on_event``: called on the server's event loop with each :class:`ServerEvent`; keep it quick.
+
+    Every argument is checked here, before any request: a bad value is a ValueError, an object of the
+    wrong kind (``vae``, ``latents``, ``encode_limiter``, ...) a TypeError, each naming create_app and the
+    argument. A value that passed would be a 500 on every request instead.
 
     The app's ``state.stats`` is the :class:`ServerStats` that ``/stats`` reports, with
     ``open_containers`` and ``latency``: over the last 100 completed requests, the median and longest
@@ -120,38 +129,38 @@ def create_app(
     ``first_fragment_max``), the median of their median chunk latencies and the longest chunk latency
     (``chunk_latency_median``, ``chunk_latency_max``), in seconds (None before any), and ``requests``.
     """
-    for name, value in (
-        ("max_concurrent", max_concurrent),
-        ("max_frames", max_frames),
-        ("max_size", max_size),
-    ):
-        check_int(name, value, minimum=1)
-    check_int("max_queued", max_queued, minimum=0)
-    if not stall_timeout > 0:
-        raise ValueError(f"stall_timeout must be a positive number of seconds, got {stall_timeout!r}")
-    if encode_limiter is not None and not isinstance(encode_limiter, anyio.CapacityLimiter):
-        raise TypeError(f"encode_limiter must be an anyio.CapacityLimiter, got {encode_limiter!r}")
-    if "encode_limiter" in (session_options or {}):
-        raise ValueError("pass encode_limiter to create_app(), not in session_options")
-    vae = vae if vae is not None else demo_vae()
-    # Checked once, here: a bad option is an error of create_app, not a 500 on every request.
-    options = SessionOptions(
-        **{
-            "value_range": as_decoder(vae).chunk_value_range,
-            "fps": fps,
-            "output": "fragmented",
-            **(session_options or {}),
-        }
+    owner = "create_app"
+    if latents is not None and not callable(latents):
+        raise TypeError(
+            f"{owner}: latents must be a function of a VideoRequest or None, got {type(latents).__name__}"
+        )
+    checked_fps = check_fps(fps, owner=owner)
+    check_int("max_concurrent", max_concurrent, minimum=1, owner=owner)
+    check_int("max_queued", max_queued, minimum=0, owner=owner)
+    _check_seconds("stall_timeout", stall_timeout, owner=owner)
+    check_int("retry_after", retry_after, minimum=0, owner=owner)
+    check_int("max_frames", max_frames, minimum=1, owner=owner)
+    check_int("max_size", max_size, minimum=1, owner=owner)
+    check_limiter("encode_limiter", encode_limiter, owner=owner)
+    if on_event is not None and not callable(on_event):
+        raise TypeError(
+            f"{owner}: on_event must be a function of a ServerEvent or None, got {type(on_event).__name__}"
+        )
+    if vae is None:
+        vae = demo_vae()
+    decoder = as_decoder(vae, owner=owner)
+    options = _checked_session_options(
+        session_options, value_range=decoder.chunk_value_range, fps=checked_fps
     )
     endpoint = _VideoEndpoint(
         vae=vae,
         latents=latents if latents is not None else _demo_latent,
-        fps=fps,
         max_concurrent=max_concurrent,
         max_queued=max_queued,
         stall_timeout=stall_timeout,
         retry_after=retry_after,
-        limits=(max_frames, max_size),
+        max_frames=max_frames,
+        max_size=max_size,
         options=options,
         encode_limiter=encode_limiter,
         on_event=on_event,
@@ -181,6 +190,44 @@ def create_app(
     return app
 
 
+def _check_seconds(name: str, value: object, *, owner: str) -> None:
+    """A ValueError naming ``name`` unless ``value`` is a positive, finite number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{owner}: {name} must be a positive, finite number of seconds, got {value!r}")
+
+
+#: the session options create_app sets from its own arguments
+_APP_SESSION_OPTIONS = ("fps", "encode_limiter")
+
+
+def _checked_session_options(
+    session_options: object, *, value_range: tuple[float, float], fps: Fraction
+) -> SessionOptions:
+    """The options of every request's session: fragmented MP4 at ``fps`` in the decoder's value range,
+    under ``session_options``; each error names create_app's ``session_options``."""
+    if session_options is None:
+        session_options = {}
+    if not isinstance(session_options, Mapping):
+        raise TypeError(
+            "create_app: session_options must be a dict of SessionOptions keywords or None, "
+            f"got {type(session_options).__name__}"
+        )
+    for name in session_options:
+        if name in _APP_SESSION_OPTIONS:
+            raise ValueError(f"create_app: pass {name} to create_app(), not in session_options")
+        if name not in OPTION_NAMES:
+            nearest = difflib.get_close_matches(str(name), OPTION_NAMES, n=1)
+            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+            raise ValueError(f"create_app: session_options has {name!r}, not a SessionOptions keyword{hint}")
+    given = {"value_range": value_range, "fps": fps, "output": "fragmented", **session_options}
+    try:
+        return SessionOptions(**given)
+    except ValueError as error:
+        raise ValueError(f"create_app: session_options: {error}") from None
+    except TypeError as error:  # an object of the wrong kind (output_files=)
+        raise TypeError(f"create_app: session_options: {error}") from None
+
+
 def _page() -> str:
     """The page's HTML (package data), with ``__MAX_FRAMES__`` and ``__MAX_SIZE__`` to fill in."""
     return files("streamvae.server").joinpath("page.html").read_text(encoding="utf-8")
@@ -190,6 +237,21 @@ def _page() -> str:
 _MAX_SEED = 2**64 - 1
 #: ASCII digits only: ``int()`` would also take "1_000", " 5 " and other scripts' digits
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def _query_integer(query: QueryParams, name: str, *, default: int, low: int, high: int) -> int:
+    """The query's ``name`` (``default`` without one), or a ValueError (a 400) unless it is an integer
+    from ``low`` to ``high``."""
+    text = query.get(name, str(default))
+    shown = text if len(text) <= 24 else text[:24] + "…"  # the error echoes no megabyte of query
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(f"{name} must be an integer, got {shown!r}")
+    # More digits than any limit has is out of range whatever they are (and int() of thousands of digits
+    # is slow, then refused).
+    value = int(text) if len(text.lstrip("+-0")) <= 24 else high + 1
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be at least {low} and at most {high}, got {shown}")
+    return value
 
 
 def _demo_latent(request: VideoRequest) -> Tensor:
@@ -208,23 +270,23 @@ class _VideoEndpoint:
         *,
         vae: Any,
         latents: Callable[[VideoRequest], Tensor],
-        fps: float,
         max_concurrent: int,
         max_queued: int,
         stall_timeout: float,
         retry_after: int,
-        limits: tuple[int, int],
+        max_frames: int,
+        max_size: int,
         options: SessionOptions,
         encode_limiter: anyio.CapacityLimiter | None,
         on_event: Callable[[ServerEvent], None] | None,
     ) -> None:
         self.vae = vae
         self.latents = latents
-        self.fps = fps
         self.admission = Admission(max_concurrent=max_concurrent, max_queued=max_queued)
         self.stall_timeout = stall_timeout
         self.retry_after = retry_after
-        self.limits = limits
+        self.max_frames = max_frames
+        self.max_size = max_size
         self.options = options
         self.on_event = on_event
         self.requests = 0
@@ -289,25 +351,11 @@ class _VideoEndpoint:
     def _parse(self, query: QueryParams) -> VideoRequest:
         """The request, or a ValueError (a 400) for any value the decode would not accept: a value that
         fails later, in the latent builder or the session, would be a 500 for the client's mistake."""
-        max_frames, max_size = self.limits
-        values: dict[str, int] = {}
-        for name, default, low, high in (
-            ("frames", 33, 1, max_frames),
-            ("size", 128, 1, max_size),
-            ("seed", 0, 0, _MAX_SEED),
-        ):
-            text = query.get(name, str(default))
-            shown = text if len(text) <= 24 else text[:24] + "…"  # the error echoes no megabyte of query
-            if not _INTEGER.fullmatch(text):
-                raise ValueError(f"{name} must be an integer, got {shown!r}")
-            # More digits than any limit has is out of range whatever they are (and int() of thousands
-            # of digits is slow, then refused).
-            value = int(text) if len(text.lstrip("+-0")) <= 24 else high + 1
-            if not low <= value <= high:
-                raise ValueError(f"{name} must be at least {low} and at most {high}, got {shown}")
-            values[name] = value
+        frames = _query_integer(query, "frames", default=33, low=1, high=self.max_frames)
+        size = _query_integer(query, "size", default=128, low=1, high=self.max_size)
+        seed = _query_integer(query, "seed", default=0, low=0, high=_MAX_SEED)
         realtime, delay = parse_realtime(query)
-        request = VideoRequest(**values, realtime=realtime, delay=delay)
+        request = VideoRequest(frames=frames, size=size, seed=seed, realtime=realtime, delay=delay)
         if self.latents is _demo_latent:
             check_demo_request(request.frames, request.size)
         return request
@@ -359,14 +407,27 @@ class _VideoEndpoint:
     ) -> AsyncIterator[MP4ByteStream]:
         """The MP4 of the latent ``latent`` holds (taken out, so the decode alone keeps it alive): decoded
         whole, or fed a latent frame a step (real-time)."""
-        options, limiter, z = self.session_options, self.decode_limiter, latent.pop()
+        z = latent.pop()
         if request.realtime:
-            video = realtime_mp4(self.vae, z, request.delay, limiter, options=options, on_session=on_session)
+            video = realtime_mp4(
+                self.vae,
+                z,
+                request.delay,
+                self.decode_limiter,
+                options=self.session_options,
+                on_session=on_session,
+            )
             del z
             async with video as stream:
                 yield stream
         else:
-            videos = stream_mp4(self.vae, z, decode_limiter=limiter, on_session=on_session, options=options)
+            videos = stream_mp4(
+                self.vae,
+                z,
+                decode_limiter=self.decode_limiter,
+                on_session=on_session,
+                options=self.session_options,
+            )
             del z
             async with videos as (stream,):
                 yield stream

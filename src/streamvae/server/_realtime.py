@@ -16,6 +16,7 @@ import anyio
 from starlette.datastructures import QueryParams
 from torch import Tensor
 
+from streamvae._checks import check_latents
 from streamvae._latent_stream import open_latent_stream
 from streamvae._options import SessionOptions
 from streamvae._session import ChunkedVideoMP4Session
@@ -62,8 +63,13 @@ async def realtime_mp4(
     unwrapped. Leaving the block early stops the feed at once and aborts the stream, as
     :func:`streamvae.stream_mp4` does.
     """
+    # What the app's latents= returned, checked as a latent first: a 4-D one would read as a batch.
+    check_latents(z, None, owner="create_app", name="the latent of latents=")
     if z.shape[0] != 1:
-        raise ValueError(f"a real-time stream takes a latent of batch 1, got batch {z.shape[0]}")
+        raise ValueError(
+            f"create_app: the latent of latents= must be of batch 1 in real-time mode (realtime=1), "
+            f"got shape {tuple(z.shape)}"
+        )
     async with open_latent_stream(vae, decode_limiter=decode_limiter, options=options) as stream:
         on_session(stream.session)
         video = stream.open_stream(0)

@@ -1,8 +1,8 @@
-"""What an encoder is configured with: codec defaults and checks, ``video_codec="auto"`` (its probe and
-codec-neutral options), the frame rate, waveforms, fragmenting.
+"""What a video encoder is configured with: codec defaults and checks, and ``video_codec="auto"`` (its
+probe, and the codec-neutral options it takes).
 
-Everything here is decided before an encoder opens (``SessionOptions`` checks with it); ``_encode`` uses
-it to open the container and the codec.
+Everything here is decided before an encoder opens (``SessionOptions`` checks with it); ``_encode`` opens
+the container and the codec with it.
 """
 
 from __future__ import annotations
@@ -11,28 +11,25 @@ import difflib
 import functools
 import io
 import os
+import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any, Literal
 
 import av
-import numpy as np
 
 __all__ = [
     "CODEC_NEUTRAL_OPTIONS",
-    "MAX_FPS",
-    "MIN_FPS",
+    "ENCODER_PIXEL_FORMAT",
+    "MAX_CRF",
     "NVENC_PRESETS",
+    "X264_PRESETS",
     "OutputKind",
-    "as_fps",
     "auto_codec_options",
     "auto_video_codec",
     "check_video_codec",
-    "check_waveform",
-    "container_options",
     "default_codec_options",
-    "faststart_io_open",
     "merge_codec_options",
 ]
 
@@ -66,29 +63,61 @@ def _codec_option_names(codec: str) -> frozenset[str]:
     return frozenset(option.name for option in (*options.generic, *options.private))
 
 
+#: The pixel format every video encoder is fed: rgb24 frames are converted to it (BT.709) on the way.
+ENCODER_PIXEL_FORMAT = "yuv420p"
+
+
 def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -> None:
-    """Raise ValueError unless ``codec`` names a video encoder of this PyAV build and every key of
-    ``options`` is an option that encoder has (FFmpeg would silently ignore an unknown one)."""
+    """Raise ValueError unless ``codec`` names a video encoder of this PyAV build that can write this
+    library's video, and every key of ``options`` is an option that encoder has (FFmpeg would silently
+    ignore an unknown one).
+
+    It can when the MP4 muxer takes its stream and it takes :data:`ENCODER_PIXEL_FORMAT` frames, which
+    every encoder is opened for: one that takes only RGB (``libx264rgb``, ``png``) would refuse to open
+    at the first frame, once the decode had begun. An encoder that names no pixel formats (hardware and
+    wrapper encoders) is let through; its open says.
+    """
     if not isinstance(codec, str) or not codec:
         raise ValueError(f"video_codec must be an FFmpeg video encoder name such as 'libx264', got {codec!r}")
     if codec == "auto":
         _check_neutral_options(options or {})
         return
     try:
-        kind = av.codec.Codec(codec, "w").type
+        encoder = av.codec.Codec(codec, "w")
     except av.codec.codec.UnknownCodecError:
         raise ValueError(
             f"video_codec {codec!r} is not an encoder of this PyAV build "
             f"(FFmpeg {av.ffmpeg_version_info}); try 'libx264'"
         ) from None
-    if kind != "video":
-        raise ValueError(f"video_codec {codec!r} is an {kind} encoder, not a video encoder; try 'libx264'")
+    if encoder.type != "video":
+        raise ValueError(
+            f"video_codec {codec!r} is an {encoder.type} encoder, not a video encoder; try 'libx264'"
+        )
+    if encoder.name not in _mp4_codecs():
+        raise ValueError(f"video_codec {codec!r}: FFmpeg's MP4 muxer does not take its stream; try 'libx264'")
+    formats = encoder.video_formats
+    if formats is not None and ENCODER_PIXEL_FORMAT not in {f.name for f in formats}:
+        taken = ", ".join(f.name for f in formats[:6]) + (", …" if len(formats) > 6 else "")
+        raise ValueError(
+            f"video_codec {codec!r} takes {taken} frames, but every encoder here is fed "
+            f"{ENCODER_PIXEL_FORMAT} (rgb24 frames are converted to it); try 'libx264'"
+        )
     known = _codec_option_names(codec)
     for name in options or {}:
         if name not in known:
             nearest = difflib.get_close_matches(name, known, n=3)
             hint = f"; did you mean {' or '.join(map(repr, nearest))}?" if nearest else ""
             raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
+
+
+@functools.cache
+def _mp4_codecs() -> frozenset[str]:
+    """The codecs FFmpeg's MP4 muxer takes a stream of (``avformat_query_codec``, as ``add_stream`` asks)."""
+    container = av.open(io.BytesIO(), mode="w", format="mp4")
+    try:
+        return frozenset(container.supported_codecs)
+    finally:
+        container.close()
 
 
 # Options that choose another rate control than the default crf (x264 would let crf win over them).
@@ -130,32 +159,56 @@ X264_PRESETS = tuple(NVENC_PRESETS)
 MAX_CRF = 51
 
 
+#: The largest ``threads`` and ``g`` both libx264 and h264_nvenc open with: FFmpeg keeps each in a C int
+#: (one more is "out of range" at open). libx264 caps the threads it starts (67 at 1080p, from 1000 up).
+_MAX_C_INT = 2**31 - 1
+#: ASCII digits, with an optional fraction: ``float()`` also takes " 18", "1e1", "18_0", "inf", "nan" and
+#: other scripts' digits, some of which FFmpeg refuses
+_PLAIN_DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
+#: ASCII digits alone: ``str.isdigit()`` also takes "²" and "١٢", which FFmpeg does not
+_PLAIN_DIGITS = re.compile(r"[0-9]+")
+
+
 def _check_neutral_options(options: Mapping[str, str]) -> None:
-    """Raise ValueError unless every option is codec-neutral, with a value both encoders take."""
-    for name in options:
+    """Raise ValueError unless every option is codec-neutral, with a value both encoders take.
+
+    Each value has one plain form: a value either encoder refuses would pass the check and fail every
+    session at its first frame (a server: every request a 500).
+    """
+    for name, value in options.items():
         if name not in CODEC_NEUTRAL_OPTIONS:
             raise ValueError(
                 f"video_codec_options: {name!r} is not codec-neutral: video_codec='auto' may choose "
                 f"h264_nvenc or libx264, and accepts only {', '.join(CODEC_NEUTRAL_OPTIONS)} "
                 "(name the codec to pass its own options)"
             )
-    if "preset" in options and options["preset"] not in X264_PRESETS:
-        raise ValueError(
-            f"video_codec_options: preset {options['preset']!r} under video_codec='auto' must be one of "
-            f"x264's presets: {', '.join(X264_PRESETS)}"
-        )
-    if "crf" in options:
-        try:
-            crf = float(options["crf"])
-        except ValueError:
-            crf = -1.0
-        if not 0 <= crf <= MAX_CRF:
+        if name == "preset" and value not in X264_PRESETS:
             raise ValueError(
-                f"video_codec_options: crf must be a number from 0 to {MAX_CRF}, got {options['crf']!r}"
+                f"video_codec_options: preset under video_codec='auto' must be one of x264's presets: "
+                f"{', '.join(X264_PRESETS)}; got {_shown(value)}"
             )
-    for name in ("threads", "g"):
-        if name in options and not options[name].isdigit():
-            raise ValueError(f"video_codec_options: {name} must be a whole number, got {options[name]!r}")
+        if name == "crf" and not (_PLAIN_DECIMAL.fullmatch(value) and float(value) <= MAX_CRF):
+            raise ValueError(
+                f"video_codec_options: crf under video_codec='auto' must be a plain decimal from 0 to "
+                f"{MAX_CRF}, such as '18' or '23.5', got {_shown(value)}"
+            )
+        if name in ("threads", "g") and not _is_c_int_digits(value):
+            meaning = "0: the encoder's choice" if name == "threads" else "0: every frame a keyframe"
+            raise ValueError(
+                f"video_codec_options: {name} under video_codec='auto' must be ASCII digits from 0 to "
+                f"{_MAX_C_INT} ({meaning}), got {_shown(value)}"
+            )
+
+
+def _is_c_int_digits(value: str) -> bool:
+    # More digits than a C int has is out of range whatever they are (and int() of thousands is refused).
+    digits = value.lstrip("0")
+    return bool(_PLAIN_DIGITS.fullmatch(value)) and len(digits) <= 10 and int(digits or "0") <= _MAX_C_INT
+
+
+def _shown(value: str) -> str:
+    """``value`` as an error shows it: no megabyte of it."""
+    return repr(value) if len(value) <= 24 else repr(value[:24]) + "…"
 
 
 def auto_codec_options(
@@ -212,76 +265,3 @@ def _nvenc_encodes() -> bool:
     except (av.FFmpegError, av.codec.codec.UnknownCodecError):
         return False
     return True
-
-
-_FRAGMENT_FLAGS = "empty_moov+default_base_moof+frag_every_frame"
-
-
-def container_options(output: OutputKind, fps: Fraction, fragment_frames: int = 1) -> dict[str, str]:
-    """The mov muxer's options: faststart for a plain MP4; for fragmented MP4 a fragment every
-    ``fragment_frames`` frames, whatever the keyframes.
-
-    FFmpeg's mov muxer closes a fragment only when the next packet arrives (PyAV has no call that flushes
-    one on demand): ``frag_every_frame`` closes it at the very next packet, and ``min_frag_duration``
-    (half a frame under ``fragment_frames`` frames) keeps it open until it holds that many. The gate is
-    needed even for one frame a fragment: an audio packet that closes a fragment holding a single video
-    frame leaves that frame with a duration of 0 and shifts the ones after it (FFmpeg 8.1).
-    ``delay_moov``: the moov waits for the first packets, so it carries the edit list that starts every
-    track at 0 (AAC's priming, or B-frames a user turned back on, would otherwise shift the timeline).
-    """
-    if output != "fragmented":
-        return {"movflags": "+faststart"}
-    microseconds = (Fraction(fragment_frames) - Fraction(1, 2)) / fps * 1_000_000
-    return {"movflags": _FRAGMENT_FLAGS + "+delay_moov", "min_frag_duration": str(int(microseconds))}
-
-
-def faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.BytesIO]:
-    """The ``io_open`` of a plain MP4 written into ``memory``.
-
-    faststart rewrites the file to move the moov up front: FFmpeg reopens it for reading, and a snapshot of
-    what was written so far is exactly what that second pass reads. A closure over the buffer alone: a bound
-    method of the encoder would make encoder → stream → container → encoder a cycle that only the garbage
-    collector frees: a server then grew by the x264 state of every MP4 it had written.
-    """
-
-    def io_open(url: str, flags: int, options: object) -> io.BytesIO:
-        if flags & 2:  # AVIO_FLAG_WRITE
-            return memory
-        return io.BytesIO(memory.getvalue())
-
-    return io_open
-
-
-#: The frame rates a session accepts. Outside them the MP4 time base is not representable (1e-4 fps rounds
-#: to 0 with denominators up to 1001) or FFmpeg's muxer writes a file its own demuxer reads wrongly.
-MIN_FPS, MAX_FPS = Fraction(1, 1000), Fraction(1000)
-
-
-def as_fps(fps: object) -> Fraction:
-    """``fps`` as an exact rational (23.976 → 2997/125, 30000/1001 stays), or ValueError unless it is a
-    number between 1/1000 and 1000."""
-    if isinstance(fps, bool) or not isinstance(fps, (int, float, Fraction)):
-        raise ValueError(f"fps must be a number of frames per second, got {fps!r}")
-    if fps != fps or not MIN_FPS <= fps <= MAX_FPS:
-        raise ValueError(f"fps must be a number between 1/1000 and 1000 frames per second, got {fps!r}")
-    return Fraction(fps).limit_denominator(1001)
-
-
-def check_waveform(waveform: object, *, name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
-    """A waveform as float32 ``[channels, samples]`` (1 or 2 channels), or a ValueError naming ``name``."""
-    if hasattr(waveform, "detach"):  # a torch tensor
-        waveform = waveform.detach().cpu().float().numpy()  # type: ignore[attr-defined]
-    if not isinstance(waveform, np.ndarray) or not np.issubdtype(waveform.dtype, np.floating):
-        raise ValueError(f"{name} must be a float array or tensor [samples] or [channels, samples]")
-    if waveform.ndim == 1:
-        waveform = waveform[None]
-    if waveform.ndim != 2 or waveform.shape[0] not in (1, 2):
-        raise ValueError(
-            f"{name} must be 1-D [samples] or 2-D [channels, samples] with 1 or 2 channels, "
-            f"got shape {tuple(waveform.shape)}"
-        )
-    waveform = np.ascontiguousarray(waveform, dtype=np.float32)
-    bad = int(waveform.size - np.count_nonzero(np.isfinite(waveform)))
-    if bad:
-        raise ValueError(f"{name} must be finite, but {bad} of its {waveform.size} samples are NaN or ±inf")
-    return waveform
