@@ -356,12 +356,12 @@ def test_two_entries_with_the_same_file_are_a_value_error(
 
 
 @pytest.mark.parametrize("single", ["out.mp4", b"out.mp4", Path("out.mp4")])
-def test_a_single_path_is_a_type_error(single: Any) -> None:
-    with pytest.raises(TypeError, match="sequence with one path per batch entry"):
+def test_a_single_path_is_a_value_error(single: Any) -> None:
+    with pytest.raises(ValueError, match="sequence with one path per batch entry"):
         ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, output_files=single)
 
 
 @pytest.mark.parametrize("element", [b"out.mp4", 3, None])
-def test_a_path_that_is_not_str_or_pathlike_is_a_type_error(element: Any) -> None:
-    with pytest.raises(TypeError, match=r"output_files\[0\] must be a str or os.PathLike"):
+def test_a_path_that_is_not_str_or_pathlike_is_a_value_error(element: Any) -> None:
+    with pytest.raises(ValueError, match=r"output_files\[0\] must be a str or os.PathLike"):
         ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, output_files=[element])

@@ -27,6 +27,8 @@ from torch import Tensor
 __all__ = [
     "MAX_FPS",
     "MIN_FPS",
+    "check_bool",
+    "check_callable",
     "check_choice",
     "check_chunk",
     "check_fps",
@@ -47,12 +49,34 @@ def prefixed(owner: str | None, message: str) -> str:
     return message if owner is None else f"{owner}: {message}"
 
 
-def check_int(name: str, value: object, *, minimum: int, owner: str | None = None) -> int:
-    """``value`` if it is an int (not a bool) ``>= minimum``, else a ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+def check_int(
+    name: str, value: object, *, minimum: int, maximum: int | None = None, owner: str | None = None
+) -> int:
+    """``value`` if it is an int (not a bool) from ``minimum`` to ``maximum``, else a ValueError naming
+    ``name``."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
         shown = f"{type(value).__name__} {value!r}" if not isinstance(value, int) else repr(value)
-        raise ValueError(prefixed(owner, f"{name} must be an int >= {minimum}, got {shown}"))
+        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ValueError(prefixed(owner, f"{name} must be an int {bounds}, got {shown}"))
     return value
+
+
+def check_bool(name: str, value: object, *, owner: str | None = None) -> bool:
+    """``value`` if it is True or False (not a truthy object), else a ValueError naming ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(prefixed(owner, f"{name} must be True or False, got {value!r}"))
+    return value
+
+
+def check_callable(name: str, value: object, *, owner: str | None = None) -> None:
+    """A TypeError naming ``name`` unless ``value`` is None or a callable (a hook the library calls)."""
+    if value is not None and not callable(value):
+        raise TypeError(prefixed(owner, f"{name} must be a callable or None, got {type(value).__name__}"))
 
 
 def check_choice(name: str, value: object, choices: Sequence[str], *, owner: str | None = None) -> None:
@@ -137,10 +161,14 @@ def check_chunk(chunk: object, *, owner: str = "push") -> Tensor:
 
 def check_waveform(waveform: object, *, name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
     """A waveform as float32 ``[channels, samples]`` (1 or 2 channels), or a ValueError naming ``name``."""
-    if isinstance(waveform, Tensor):
+    # Integer, bool and complex tensors are refused like such arrays, not cast: a cast would hide them.
+    if isinstance(waveform, Tensor) and waveform.is_floating_point():
         waveform = waveform.detach().cpu().float().numpy()
     if not isinstance(waveform, np.ndarray) or not np.issubdtype(waveform.dtype, np.floating):
-        raise ValueError(f"{name} must be a float array or tensor [samples] or [channels, samples]")
+        shown = getattr(waveform, "dtype", type(waveform).__name__)
+        raise ValueError(
+            f"{name} must be a float array or tensor [samples] or [channels, samples], got {shown}"
+        )
     if waveform.ndim == 1:
         waveform = waveform[None]
     if waveform.ndim != 2 or waveform.shape[0] not in (1, 2):

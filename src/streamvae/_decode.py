@@ -10,13 +10,13 @@ decode, which never skips a collective). Only then does the caller see the outco
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Unpack
 
 import anyio
 from torch import Tensor
 
-from streamvae._checks import check_int, check_limiter
+from streamvae._checks import check_callable, check_int, check_limiter
 from streamvae._decode_worker import chunk_bridge, run_decode, run_decode_worker
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
 from streamvae._session import ChunkedVideoMP4Session
@@ -62,8 +62,8 @@ async def decode_to_mp4(
     owner = "decode_to_mp4"
     decoder = as_decoder(vae, owner=owner)
     decoder.check_latents(z, owner=owner)  # shapes only: on the loop
-    limiter = _decode_limiter(decode_limiter, owner)
-    _check_on_session(on_session, owner)
+    limiter = _decode_limiter(check_limiter("decode_limiter", decode_limiter, owner=owner))
+    check_callable("on_session", on_session, owner=owner)
     if not decoder.is_output_rank:
         # Every rank checks the options before the first collective: a bad one raises here on every
         # rank at once, instead of on the output rank alone while its peers wait out the group timeout.
@@ -81,8 +81,7 @@ async def decode_to_mp4(
         return await session.finish()
 
 
-@asynccontextmanager
-async def stream_mp4(
+def stream_mp4(
     vae: Any,
     z: Tensor,
     *,
@@ -91,7 +90,7 @@ async def stream_mp4(
     max_buffered: int = 4,
     options: SessionOptions | None = None,
     **session_options: Unpack[SessionKeywords],
-) -> AsyncIterator[list[MP4ByteStream]]:
+) -> AbstractAsyncContextManager[list[MP4ByteStream]]:
     """Decode ``z`` in the background and give one fragmented-MP4 byte stream per batch entry.
 
     ``async with stream_mp4(vae, z, fps=16) as (video,): async for data in video: ...`` — bytes leave as
@@ -103,18 +102,36 @@ async def stream_mp4(
     went away) cancels the decode as :func:`decode_to_mp4` does; a decode or encode error is raised by the
     stream and when the block ends. Not available on ranks that do not own the output (they have nothing
     to stream: use :func:`decode_to_mp4` there).
+
+    Every argument is checked by the call itself, before the block is entered (shapes and options only:
+    no decode step, no file written).
     """
     owner = "stream_mp4"
     decoder = as_decoder(vae, owner=owner)
-    decoder.check_latents(z, owner=owner)  # shapes only: on the loop
-    limiter = _decode_limiter(decode_limiter, owner)
-    _check_on_session(on_session, owner)
+    decoder.check_latents(z, owner=owner)  # shapes only
+    checked_limiter = check_limiter("decode_limiter", decode_limiter, owner=owner)
+    check_callable("on_session", on_session, owner=owner)
     check_int("max_buffered", max_buffered, minimum=1, owner=owner)
     if not decoder.is_output_rank:
         raise ValueError(f"{owner}() on a rank that does not own the output: call decode_to_mp4() there")
     defaults = {**_defaults(decoder), "output": "fragmented"}
     checked = resolve_options(owner, options, session_options, **defaults)
     checked.check_batch(z.shape[0], owner=owner)
+    return _streamed(decoder, z, checked_limiter, on_session, max_buffered, checked)
+
+
+@asynccontextmanager
+async def _streamed(
+    decoder: ChunkedDecoder,
+    z: Tensor,
+    decode_limiter: anyio.CapacityLimiter | None,
+    on_session: Callable[[ChunkedVideoMP4Session], None] | None,
+    max_buffered: int,
+    checked: SessionOptions,
+) -> AsyncIterator[list[MP4ByteStream]]:
+    """The block of :func:`stream_mp4`, over the arguments it checked."""
+    owner = "stream_mp4"
+    limiter = _decode_limiter(decode_limiter)
     session = ChunkedVideoMP4Session(options=checked)
     streams = [session.open_stream(entry, max_buffered=max_buffered) for entry in range(z.shape[0])]
     decode_scope = anyio.CancelScope()
@@ -143,15 +160,9 @@ def _defaults(decoder: ChunkedDecoder) -> dict[str, Any]:
     return {"value_range": decoder.chunk_value_range}
 
 
-def _decode_limiter(limiter: object, owner: str) -> anyio.CapacityLimiter:
-    """The ``decode_limiter`` given (checked), or a limiter of the call's own."""
-    checked = check_limiter("decode_limiter", limiter, owner=owner)
+def _decode_limiter(checked: anyio.CapacityLimiter | None) -> anyio.CapacityLimiter:
+    """The ``decode_limiter`` given (checked already), or a limiter of the call's own (made on the loop)."""
     return checked if checked is not None else anyio.CapacityLimiter(1)
-
-
-def _check_on_session(on_session: object, owner: str) -> None:
-    if on_session is not None and not callable(on_session):
-        raise TypeError(f"{owner}: on_session must be a callable or None, got {type(on_session).__name__}")
 
 
 def _decode_without_output(decoder: ChunkedDecoder, z: Tensor) -> None:

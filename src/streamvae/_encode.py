@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import av
 import numpy as np
@@ -32,17 +32,16 @@ from streamvae._codec_options import (
 )
 from streamvae._fragments import FragmentCounter
 from streamvae._output_file import OutputFile
+from streamvae._quantize import PixelFormat
 
 __all__ = [
     "EntryEncoder",
-    "PixelFormat",
     "container_options",
     "faststart_io_open",
     "open_containers",
     "open_entry_encoders",
 ]
 
-PixelFormat = Literal["rgb24", "yuv420p"]
 
 # FFmpeg's AVCOL_* codes for BT.709 primaries / transfer / matrix, and limited ("MPEG") range.
 _BT709 = 1

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, Unpack
 
@@ -42,14 +42,13 @@ _OWNER = "open_latent_stream"
 _DIMS = ("batch", "channels", "height", "width")
 
 
-@asynccontextmanager
-async def open_latent_stream(
+def open_latent_stream(
     vae: object,
     *,
     decode_limiter: anyio.CapacityLimiter | None = None,
     options: SessionOptions | None = None,
     **session_options: Unpack[SessionKeywords],
-) -> AsyncIterator[LatentStream]:
+) -> AbstractAsyncContextManager[LatentStream]:
     """Decode a latent that arrives in pieces into one MP4 per batch entry, as the pieces come.
 
     ``async with open_latent_stream(vae, fps=16) as stream:``, then ``await stream.push_latents(z_step)``
@@ -58,10 +57,10 @@ async def open_latent_stream(
     (``vae.decode(torch.cat(pieces, dim=2)).sample``, tiled or sliced as the module is set when the first
     piece arrives). ``session_options`` are the keywords of :class:`streamvae.SessionOptions` (``fps`` is
     required; ``value_range`` defaults to the decoder's), or pass one :class:`streamvae.SessionOptions` as
-    ``options=``; every argument is checked here, before any work. ``decode_limiter`` (an
-    :class:`anyio.CapacityLimiter`) bounds the decodes that run at once (default: one limiter per stream);
-    share one between the streams of a module, because a module decodes one piece at a time whoever asks
-    — streams then take turns piece by piece.
+    ``options=``; every argument is checked by the call itself, before the block is entered and before any
+    work. ``decode_limiter`` (an :class:`anyio.CapacityLimiter`) bounds the decodes that run at once
+    (default: one limiter per stream); share one between the streams of a module, because a module decodes
+    one piece at a time whoever asks — streams then take turns piece by piece.
 
     ``vae`` is anything :func:`streamvae.models.as_decoder` takes whose decoder is causal across calls:
     the diffusers ``AutoencoderKLWan`` (2.1, 2.2) and ``AutoencoderKLQwenImage``, or a decoder of your own.
@@ -92,8 +91,16 @@ async def open_latent_stream(
     decoder = as_decoder(vae, owner=_OWNER, pieces=True)
     decoder.check_takes_pieces(owner=_OWNER)
     checked_limiter = check_limiter("decode_limiter", decode_limiter, owner=_OWNER)
-    limiter = checked_limiter if checked_limiter is not None else anyio.CapacityLimiter(1)
     checked = resolve_options(_OWNER, options, session_options, value_range=decoder.chunk_value_range)
+    return _opened(decoder, checked_limiter, checked)
+
+
+@asynccontextmanager
+async def _opened(
+    decoder: ChunkedDecoder, decode_limiter: anyio.CapacityLimiter | None, checked: SessionOptions
+) -> AsyncIterator[LatentStream]:
+    """The block of :func:`open_latent_stream`, over the arguments it checked."""
+    limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)  # made on the loop
     async with ChunkedVideoMP4Session(options=checked) as session:
         stream = LatentStream(decoder, session, limiter)
         try:

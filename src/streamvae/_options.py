@@ -26,7 +26,7 @@ import anyio
 import numpy as np
 from torch import Tensor
 
-from streamvae._checks import check_choice, check_fps, check_int, check_limiter, check_waveform
+from streamvae._checks import check_bool, check_choice, check_fps, check_int, check_limiter, check_waveform
 from streamvae._codec_options import OutputKind, check_video_codec
 from streamvae._output_file import check_output_files
 from streamvae._quantize import PixelFormat, check_value_range
@@ -34,6 +34,8 @@ from streamvae._quantize import PixelFormat, check_value_range
 __all__ = ["NonFinite", "SessionKeywords", "SessionOptions", "resolve_options"]
 
 NonFinite = Literal["error", "ignore"]
+#: FFmpeg's int options (the keyframe interval becomes the codec's ``g``) stop at a C int.
+_MAX_C_INT = 2**31 - 1
 Waveform = np.ndarray[Any, np.dtype[np.float32]]
 
 
@@ -125,7 +127,7 @@ class SessionOptions:
         check_choice("nonfinite", self.nonfinite, ("error", "ignore"))
         fix("video_codec_options", _check_codec_options(self.video_codec, self.video_codec_options))
         if self.keyframe_interval is not None:
-            check_int("keyframe_interval", self.keyframe_interval, minimum=1)
+            check_int("keyframe_interval", self.keyframe_interval, minimum=1, maximum=_MAX_C_INT)
         elif self.output == "fragmented":
             fix("keyframe_interval", max(1, round(self.fps)))
         if self.fragment_frames is not None:
@@ -138,8 +140,7 @@ class SessionOptions:
             check_int("audio_sample_rate", self.audio_sample_rate, minimum=1)
         if self.output_files is not None:
             fix("output_files", tuple(check_output_files(self.output_files)))
-        if not isinstance(self.record_timeline, bool):
-            raise ValueError(f"record_timeline must be True or False, got {self.record_timeline!r}")
+        check_bool("record_timeline", self.record_timeline)
         check_limiter("encode_limiter", self.encode_limiter)
 
     def _set(self, name: str, value: object) -> None:
@@ -178,17 +179,18 @@ class SessionOptions:
                 f"{where}output_files has {len(self.output_files)} paths but the batch has {batch} entries"
             )
 
-    def check_frame_size(self, height: int, width: int) -> None:
+    def check_frame_size(self, height: int, width: int, *, owner: str | None = None) -> None:
         """Raise ValueError unless frames of ``height`` × ``width`` fit these options: a crop inside the
         frame, and an even frame size after it (the video is yuv420p)."""
+        where = "" if owner is None else f"{owner}: "
         out_height, out_width = height, width
         if self.crop is not None:
             if self.crop[0] > height or self.crop[1] > width:
-                raise ValueError(f"crop {self.crop} is larger than the {height}×{width} frames")
+                raise ValueError(f"{where}crop {self.crop} is larger than the {height}×{width} frames")
             out_height, out_width = self.crop
         if out_height % 2 or out_width % 2:
             raise ValueError(
-                f"yuv420p video needs an even height and width, got {out_height}×{out_width}; "
+                f"{where}yuv420p video needs an even height and width, got {out_height}×{out_width}; "
                 f"pass crop=({out_height - out_height % 2}, {out_width - out_width % 2}) to trim a row/column"
             )
 
@@ -302,3 +304,8 @@ def resolve_options(
         return SessionOptions(**given)  # type: ignore[arg-type]  # each value is checked and normalized
     except (TypeError, ValueError) as error:
         raise type(error)(f"{owner}: {error}") from None
+    except OSError as error:
+        if error.errno is None:
+            raise
+        # An output file that could not be opened: the same OSError subclass, naming the call and option.
+        raise OSError(error.errno, f"{owner}: output_files: {error.strerror}", error.filename) from None

@@ -30,26 +30,26 @@ _NAME_ATTEMPTS = 16
 def check_output_files(paths: object) -> list[Path]:
     """``paths`` as one :class:`~pathlib.Path` per batch entry, checked before any work starts.
 
-    TypeError for a single path (a ``str`` would otherwise be one path per character) or an element that is
-    not ``str`` / ``os.PathLike``; ValueError for two entries naming the same file; and the ``OSError`` that
+    ValueError for a single path (a ``str`` would otherwise be one path per character), an element that is
+    not ``str`` / ``os.PathLike``, or two entries naming the same file; and the ``OSError`` that
     opening a path would raise (``IsADirectoryError``, ``FileNotFoundError`` for a missing directory,
     ``NotADirectoryError``, ``PermissionError``), without leaving anything behind. A FIFO is not opened here:
     opening one for writing waits for its reader.
     """
     if isinstance(paths, (str, bytes, os.PathLike)):
-        raise TypeError(
+        raise ValueError(
             f"output_files must be a sequence with one path per batch entry, got the single path {paths!r}: "
             f"pass [{paths!r}]"
         )
     if not isinstance(paths, Sequence):
-        raise TypeError(
+        raise ValueError(
             f"output_files must be a sequence with one path per batch entry, got {type(paths).__name__}"
         )
     checked: list[Path] = []
     for entry, path in enumerate(paths):
         name = os.fspath(path) if isinstance(path, os.PathLike) else path
         if not isinstance(name, str):
-            raise TypeError(f"output_files[{entry}] must be a str or os.PathLike path, got {path!r}")
+            raise ValueError(f"output_files[{entry}] must be a str or os.PathLike path, got {path!r}")
         checked.append(Path(name))
     seen: dict[str, int] = {}
     for entry, path in enumerate(checked):

@@ -14,10 +14,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from streamvae._checks import check_choice, check_chunk, prefixed
+
 __all__ = [
     "ChunkQuantizer",
     "PixelFormat",
-    "check_chunk",
     "check_value_range",
     "quantize_chunk",
     "quantize_chunk_yuv420",
@@ -39,42 +40,48 @@ def _in_float32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
 
-def check_value_range(value_range: object) -> tuple[float, float]:
-    """Return ``value_range`` as two floats, or raise ValueError if it is not an increasing pair."""
+def check_value_range(value_range: object, *, owner: str | None = None) -> tuple[float, float]:
+    """Return ``value_range`` as two floats, or raise ValueError if it is not an increasing pair of numbers.
+
+    ``owner`` (the function the user called) prefixes the message.
+    """
     try:
-        low, high = (float(v) for v in value_range)  # type: ignore[attr-defined]
-    except (TypeError, ValueError):
-        raise ValueError(f"value_range must be a pair (low, high) of numbers, got {value_range!r}") from None
+        low, high = (_number(v) for v in value_range)  # type: ignore[attr-defined]
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of more than one value
+        raise ValueError(
+            prefixed(owner, f"value_range must be a pair (low, high) of numbers, got {value_range!r}")
+        ) from None
     # Quantize computes in float32: both ends, and the span it divides by, must be finite there.
     low32, high32 = _in_float32(low), _in_float32(high)
     if not all(math.isfinite(v) and abs(v) <= _FLOAT32_MAX for v in (low, high)):
         raise ValueError(
-            f"value_range must be two finite numbers within float32's range (±{_FLOAT32_MAX:.4g}), "
-            f"got {value_range!r}"
+            prefixed(
+                owner,
+                f"value_range must be two finite numbers within float32's range (±{_FLOAT32_MAX:.4g}), "
+                f"got {value_range!r}",
+            )
         )
     if not low32 < high32:
-        raise ValueError(f"value_range must be increasing in float32 (low < high), got {value_range!r}")
+        raise ValueError(
+            prefixed(owner, f"value_range must be increasing in float32 (low < high), got {value_range!r}")
+        )
     span = _in_float32(high32 - low32)
     if not (math.isfinite(span) and math.isfinite(_in_float32(255.0 / span))):
         raise ValueError(
-            f"value_range's span high - low must be finite in float32 and not vanishingly small "
-            f"(between {255 / _FLOAT32_MAX:.3g} and {_FLOAT32_MAX:.4g}), got {value_range!r}"
+            prefixed(
+                owner,
+                f"value_range's span high - low must be finite in float32 and not vanishingly small "
+                f"(between {255 / _FLOAT32_MAX:.3g} and {_FLOAT32_MAX:.4g}), got {value_range!r}",
+            )
         )
     return low, high
 
 
-def check_chunk(chunk: object) -> Tensor:
-    if not isinstance(chunk, Tensor):
-        raise TypeError(f"chunk must be a torch.Tensor, got {type(chunk).__name__}")
-    if chunk.ndim != 5:
-        raise ValueError(
-            f"chunk must be 5-D [batch, channels, frames, height, width], got shape {tuple(chunk.shape)}"
-        )
-    if not chunk.is_floating_point():
-        raise ValueError(f"chunk must be floating point (fp32, fp16 or bf16), got {chunk.dtype}")
-    if chunk.shape[1] != 3:
-        raise ValueError(f"chunk must have 3 (RGB) channels in dim 1, got shape {tuple(chunk.shape)}")
-    return chunk
+def _number(value: object) -> float:
+    """``value`` as a float; a TypeError for what ``float`` takes but is no number (``"0"``, ``True``)."""
+    if isinstance(value, (str, bytes, bool)):
+        raise TypeError(value)
+    return float(value)  # type: ignore[arg-type]  # float() says what it cannot convert
 
 
 class ChunkQuantizer:
@@ -86,13 +93,20 @@ class ChunkQuantizer:
     batch entry's whole chunk, and its scratch comes from the device's caching allocator on each call.
 
     Results are those of :func:`quantize_chunk` and :func:`quantize_chunk_yuv420`, bit for bit. Use one
-    quantizer per stream of chunks, from one thread at a time.
+    quantizer per stream of chunks, from one thread at a time. ``owner`` (the function the user called)
+    prefixes its errors.
     """
 
-    def __init__(self, value_range: tuple[float, float], pixel_format: PixelFormat = "rgb24") -> None:
-        if pixel_format not in ("rgb24", "yuv420p"):
-            raise ValueError(f"pixel_format must be 'rgb24' or 'yuv420p', got {pixel_format!r}")
-        low, high = check_value_range(value_range)
+    def __init__(
+        self,
+        value_range: tuple[float, float],
+        pixel_format: PixelFormat = "rgb24",
+        *,
+        owner: str = "ChunkQuantizer",
+    ) -> None:
+        self._owner = owner
+        check_choice("pixel_format", pixel_format, ("rgb24", "yuv420p"), owner=owner)
+        low, high = check_value_range(value_range, owner=owner)
         # The ends as float32 holds them, and the span between those: values are clamped in float32, so a
         # span taken from the float64 ends would put float32's ``high`` off 1 — below it (no top level)
         # or above it (wrapping past 255) for ends float32 cannot hold, like (128, 128.001).
@@ -103,7 +117,12 @@ class ChunkQuantizer:
         self._scratch: Tensor | None = None  # kept between calls on the CPU only
 
     def frame_shape(self, height: int, width: int) -> tuple[int, ...]:
-        """The shape of one quantized frame: ``(H, W, 3)`` for rgb24, ``(H * 3 // 2, W)`` for yuv420p."""
+        """The shape of one quantized frame: ``(H, W, 3)`` for rgb24, ``(H * 3 // 2, W)`` for yuv420p (a
+        ValueError for an odd height or width: 4:2:0 takes 2×2 blocks)."""
+        if self.pixel_format == "yuv420p" and (height % 2 or width % 2):
+            raise ValueError(
+                prefixed(self._owner, f"yuv420p needs a chunk of even height and width, got {height}×{width}")
+            )
         return (height * 3 // 2, width) if self.pixel_format == "yuv420p" else (height, width, 3)
 
     def quantize_into(self, chunk: Tensor, out: Tensor, nan_count: Tensor | None = None) -> None:
@@ -113,9 +132,7 @@ class ChunkQuantizer:
         With ``nan_count`` (an int64 scalar tensor on the chunk's device), the number of NaN values in the
         chunk is added to it on the device, without waiting for the device.
         """
-        batch, _, frames, height, width = check_chunk(chunk).shape
-        if self.pixel_format == "yuv420p" and (height % 2 or width % 2):
-            raise ValueError(f"yuv420p needs an even height and width, got {height}×{width}")
+        batch, _, frames, height, width = check_chunk(chunk, owner=self._owner).shape
         expected = (batch, frames, *self.frame_shape(height, width))
         if out.dtype != torch.uint8 or tuple(out.shape) != expected or out.device != chunk.device:
             raise ValueError(
@@ -212,7 +229,7 @@ def quantize_chunk(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
 
     Values are clamped to ``value_range``, scaled to 0–255 and rounded to the nearest level.
     """
-    return _quantize(chunk, value_range, "rgb24")
+    return _quantize(chunk, value_range, "rgb24", owner="quantize_chunk")
 
 
 def quantize_chunk_yuv420(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
@@ -223,12 +240,14 @@ def quantize_chunk_yuv420(chunk: Tensor, value_range: tuple[float, float]) -> Te
     the RGB values (the transform is linear, so this equals averaging the full-resolution chroma).
     Height and width must be even.
     """
-    return _quantize(chunk, value_range, "yuv420p")
+    return _quantize(chunk, value_range, "yuv420p", owner="quantize_chunk_yuv420")
 
 
-def _quantize(chunk: Tensor, value_range: tuple[float, float], pixel_format: PixelFormat) -> Tensor:
-    batch, _, frames, height, width = check_chunk(chunk).shape
-    quantizer = ChunkQuantizer(value_range, pixel_format)
+def _quantize(
+    chunk: Tensor, value_range: tuple[float, float], pixel_format: PixelFormat, *, owner: str
+) -> Tensor:
+    quantizer = ChunkQuantizer(value_range, pixel_format, owner=owner)
+    batch, _, frames, height, width = check_chunk(chunk, owner=owner).shape
     shape = (batch, frames, *quantizer.frame_shape(height, width))
     out = torch.empty(shape, dtype=torch.uint8, device=chunk.device)
     quantizer.quantize_into(chunk, out)

@@ -151,7 +151,7 @@ class ChunkedVideoMP4Session:
         Waits while the pipeline is full (backpressure). Raises the pipeline's original error if a stage
         has failed, and a ValueError for a chunk that does not fit the session, before any work on it.
         """
-        await self._push(chunk, _ready(chunk))
+        await self._push(chunk, _ready(chunk), "push")
 
     def push_from_thread(self, chunk: Tensor) -> None:
         """Blocking, thread-safe :meth:`push` for a producer that runs in a worker thread.
@@ -165,7 +165,7 @@ class ChunkedVideoMP4Session:
             raise RuntimeError(
                 "push_from_thread() was called on the event loop's thread; there, use `await session.push()`"
             )
-        anyio.from_thread.run(self._push, chunk, _ready(chunk), token=self._token)
+        anyio.from_thread.run(self._push, chunk, _ready(chunk), "push_from_thread", token=self._token)
 
     async def finish(self) -> list[bytes]:
         """Encode everything pushed, close each MP4 and return them, one ``bytes`` per batch entry."""
@@ -256,13 +256,14 @@ class ChunkedVideoMP4Session:
 
     # -- push side --
 
-    async def _push(self, chunk: object, ready: Any) -> None:
+    async def _push(self, chunk: object, ready: Any, owner: str) -> None:
+        # ``owner``: the method the user called, which every error names
         if self._state == "new":
-            raise SessionClosedError("push() before the session was entered (use `async with`)")
+            raise SessionClosedError(f"{owner}() before the session was entered (use `async with`)")
         self._failure.raise_if_failed()
         if self._state != "open":
-            raise SessionClosedError(f"push() on a session that is {self._state}")
-        checked = self._check_chunk(chunk)
+            raise SessionClosedError(f"{owner}() on a session that is {self._state}")
+        checked = self._check_chunk(chunk, owner)
         self._latency.pushed(checked.shape[2])
         pipeline = self._pipeline
         if pipeline is None:
@@ -271,25 +272,25 @@ class ChunkedVideoMP4Session:
             await pipeline.send(checked, ready)
         except STREAM_ENDED:
             self._failure.raise_if_failed()
-            raise SessionClosedError("push() on a session that was aborted") from None
+            raise SessionClosedError(f"{owner}() on a session that was aborted") from None
         self.frames_pushed += checked.shape[2]
 
-    def _check_chunk(self, chunk: object) -> Tensor:
-        checked = check_chunk(chunk)
+    def _check_chunk(self, chunk: object, owner: str) -> Tensor:
+        checked = check_chunk(chunk, owner=owner)
         batch, _, _, height, width = checked.shape
         if self._shape is not None:
             if (batch, height, width) != self._shape:
                 raise ValueError(
-                    f"push: chunk shape changed mid-stream: batch, height, width {(batch, height, width)} "
-                    f"after {self._shape}"
+                    f"{owner}: chunk shape changed mid-stream: batch, height, width "
+                    f"{(batch, height, width)} after {self._shape}"
                 )
             if checked.device != self._device:
                 raise ValueError(
-                    f"push: chunk device changed mid-stream: {checked.device} after {self._device}"
+                    f"{owner}: chunk device changed mid-stream: {checked.device} after {self._device}"
                 )
             return checked
-        self.check_batch(batch)
-        self.options.check_frame_size(height, width)
+        self.check_batch(batch, owner=owner)
+        self.options.check_frame_size(height, width, owner=owner)
         return checked
 
     async def _start(self, first: Tensor) -> StagePipeline:

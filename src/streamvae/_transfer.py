@@ -17,6 +17,7 @@ held until the copy is done, so neither is reused while the device may still rea
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -223,6 +224,28 @@ def host_lease(frames: Tensor, *, readers: int, ready: Any = None, extra: Tensor
     return lease
 
 
+def _check_device(device: object) -> torch.device:
+    """``device`` as a :class:`torch.device` the ring can copy from, or a ValueError naming it.
+
+    Torch's own errors name neither the ring nor the argument, and some come late: a CUDA index this
+    machine lacks, or a meta device, fails only at the first copy, in a worker thread.
+    """
+    checked: torch.device | None = None
+    if isinstance(device, (str, torch.device)):
+        with contextlib.suppress(RuntimeError):  # torch's error for a name it does not know
+            checked = torch.device(device)
+    if checked is None or checked.type == "meta":  # a meta tensor holds no data to copy
+        raise ValueError(
+            f"PinnedChunkRing: device must be a torch.device or a device name such as 'cpu' or 'cuda:0', "
+            f"got {device!r}"
+        )
+    if checked.type == "cuda" and (
+        not torch.cuda.is_available() or (checked.index or 0) >= torch.cuda.device_count()
+    ):
+        raise ValueError(f"PinnedChunkRing: device {device!r} is not a CUDA device of this machine")
+    return checked
+
+
 class PinnedChunkRing:
     """A fixed pool of ``depth`` reusable host slots for device → host chunk copies.
 
@@ -232,8 +255,8 @@ class PinnedChunkRing:
     """
 
     def __init__(self, depth: int, device: torch.device | str = "cpu") -> None:
-        self.depth = check_int("depth", depth, minimum=1)
-        self.device = torch.device(device)
+        self.depth = check_int("depth", depth, minimum=1, owner="PinnedChunkRing")
+        self.device = _check_device(device)
         self._cuda = self.device.type == "cuda"
         if self._cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -284,14 +307,23 @@ class PinnedChunkRing:
         and read from :attr:`ChunkLease.extra` once the lease has landed, so reading it never waits for
         the device.
         """
-        check_int("readers", readers, minimum=1)
-        if not isinstance(frames, Tensor) or frames.dtype != torch.uint8 or not frames.is_contiguous():
-            raise ValueError("frames must be a contiguous uint8 torch.Tensor")
+        owner = "PinnedChunkRing.transfer"
+        check_int("readers", readers, minimum=1, owner=owner)
+        for name, tensor in (("frames", frames), ("extra", extra)):
+            if tensor is not None and not isinstance(tensor, Tensor):
+                raise TypeError(f"{owner}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if frames.dtype != torch.uint8 or not frames.is_contiguous():
+            raise ValueError(
+                f"{owner}: frames must be a contiguous uint8 torch.Tensor, got "
+                f"{'' if frames.is_contiguous() else 'a non-contiguous '}{frames.dtype}"
+            )
         for name, tensor in (("frames", frames), ("extra", extra)):
             if tensor is not None and (
                 tensor.device.type != self.device.type or (self._cuda and tensor.device != self.device)
             ):
-                raise ValueError(f"{name} are on {tensor.device}, but this ring copies from {self.device}")
+                raise ValueError(
+                    f"{owner}: {name} are on {tensor.device}, but this ring copies from {self.device}"
+                )
         if self._cuda and ready is None:
             ready = ready_event(self.device)
         slot = await self._acquire()

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from streamvae._checks import check_latents
+from streamvae._checks import check_bool, check_latents
 from streamvae._protocol import SupportsChunkedVAEDecode, publish_chunks
 from streamvae.models._common import execution_device
 
@@ -79,7 +79,7 @@ class ChunkedDecoder:
         #: latent channels in dim 1, or None when any count is accepted
         self.latent_channels: int | None = latent_channels
         #: whether a failed ``on_chunk`` lets the decode run to its end (a distributed decoder) or stops it
-        self.drain = drain
+        self.drain = check_bool("drain", drain, owner=type(self).__name__)
 
     @property
     def is_output_rank(self) -> bool:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 from streamvae._protocol import SupportsChunkedVAEDecode
@@ -27,13 +29,18 @@ def supported_classes() -> list[str]:
     return sorted(_ADAPTERS)
 
 
+_ALL = tuple(supported_classes())
+
+
 def chunked_decoder(vae: Any, **decode_kwargs: Any) -> ChunkedDecoder:
     """Return the streaming adapter for a supported diffusers VAE instance.
 
     ``decode_kwargs`` pass through to the adapter (for decoders whose ``decode`` takes extra inputs, such
     as LTX-Video's ``temb``). Raises :class:`TypeError` naming the class when it is not supported.
     """
-    return _adapter(vae, decode_kwargs, owner="chunked_decoder", supported=supported_classes())
+    return _adapter(
+        vae, decode_kwargs, owner="chunked_decoder", accepted="a supported diffusers VAE", supported=_ALL
+    )
 
 
 def as_decoder(
@@ -53,9 +60,12 @@ def as_decoder(
         decoder = vae
     elif isinstance(vae, SupportsChunkedVAEDecode):
         decoder = ProtocolDecoder(vae)
+    elif pieces:
+        accepted = "a diffusers VAE or a streamvae.models.ChunkedDecoder that decodes latents in pieces"
+        return _adapter(vae, decode_kwargs, owner=owner, accepted=accepted, supported=PIECEWISE_CLASSES)
     else:
-        supported = list(PIECEWISE_CLASSES) if pieces else supported_classes()
-        return _adapter(vae, decode_kwargs, owner=owner, supported=supported)
+        accepted = "a supported diffusers VAE or a streamvae.SupportsChunkedVAEDecode"
+        return _adapter(vae, decode_kwargs, owner=owner, accepted=accepted, supported=_ALL)
     if decode_kwargs:
         raise TypeError(
             f"{owner}: {', '.join(decode_kwargs)} apply only to a diffusers VAE, "
@@ -64,16 +74,35 @@ def as_decoder(
     return decoder
 
 
-def _adapter(vae: Any, decode_kwargs: dict[str, Any], *, owner: str, supported: list[str]) -> ChunkedDecoder:
+def _adapter(
+    vae: Any, decode_kwargs: dict[str, Any], *, owner: str, accepted: str, supported: Sequence[str]
+) -> ChunkedDecoder:
+    """The adapter of diffusers VAE ``vae``, or a TypeError naming ``owner`` and what it ``accepted``."""
     for cls in type(vae).__mro__:
         entry = _ADAPTERS.get(cls.__name__)
         if entry is not None and cls.__module__.startswith("diffusers."):
             module_name, adapter_name = entry
             adapter_cls = getattr(importlib.import_module(module_name), adapter_name)
+            _check_decode_kwargs(adapter_cls, cls.__name__, vae, decode_kwargs, owner)
             adapter: ChunkedDecoder = adapter_cls(vae, **decode_kwargs)
             return adapter
     raise TypeError(
-        f"{owner}: vae must be a supported diffusers VAE or a streamvae.SupportsChunkedVAEDecode, got "
-        f"{type(vae).__module__}.{type(vae).__qualname__}; "
+        f"{owner}: vae must be {accepted}, got {type(vae).__module__}.{type(vae).__qualname__}; "
         f"supported diffusers classes: {', '.join(supported)}"
     )
+
+
+def _check_decode_kwargs(
+    adapter_cls: type, vae_class: str, vae: Any, decode_kwargs: dict[str, Any], owner: str
+) -> None:
+    """A TypeError naming ``owner`` for keywords the adapter does not take: Python's own would name the
+    adapter's ``__init__``, which the user never called."""
+    signature = inspect.signature(adapter_cls)
+    try:
+        signature.bind(vae, **decode_kwargs)
+    except TypeError as error:
+        taken = ", ".join(list(signature.parameters)[1:]) or "none"
+        raise TypeError(
+            f"{owner}: {error} (the adapter of a diffusers {vae_class}, {adapter_cls.__name__}, "
+            f"takes: {taken})"
+        ) from None

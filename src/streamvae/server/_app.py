@@ -35,7 +35,7 @@ from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 from torch import Tensor
 
-from streamvae._checks import check_fps, check_int, check_limiter
+from streamvae._checks import check_callable, check_fps, check_int, check_limiter
 from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
 from streamvae._options import OPTION_NAMES, SessionOptions
@@ -130,10 +130,7 @@ def create_app(
     (``chunk_latency_median``, ``chunk_latency_max``), in seconds (None before any), and ``requests``.
     """
     owner = "create_app"
-    if latents is not None and not callable(latents):
-        raise TypeError(
-            f"{owner}: latents must be a function of a VideoRequest or None, got {type(latents).__name__}"
-        )
+    check_callable("latents", latents, owner=owner)  # a function of a VideoRequest
     checked_fps = check_fps(fps, owner=owner)
     check_int("max_concurrent", max_concurrent, minimum=1, owner=owner)
     check_int("max_queued", max_queued, minimum=0, owner=owner)
@@ -142,10 +139,7 @@ def create_app(
     check_int("max_frames", max_frames, minimum=1, owner=owner)
     check_int("max_size", max_size, minimum=1, owner=owner)
     check_limiter("encode_limiter", encode_limiter, owner=owner)
-    if on_event is not None and not callable(on_event):
-        raise TypeError(
-            f"{owner}: on_event must be a function of a ServerEvent or None, got {type(on_event).__name__}"
-        )
+    check_callable("on_event", on_event, owner=owner)  # a function of a ServerEvent
     if vae is None:
         vae = demo_vae()
     decoder = as_decoder(vae, owner=owner)
