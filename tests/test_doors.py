@@ -389,23 +389,16 @@ def test_stream_mp4_checks_the_batch_against_the_options_at_the_call(
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize(("z", "error", "match"), bad_latents(CHANNELS))
+@pytest.mark.parametrize("target", ["a counting decoder", "a diffusers VAE"])
 async def test_decode_to_mp4_refuses_a_bad_latent_before_decoding(
-    z: object, error: type[Exception], match: str, decoder: CountingDecoder
+    target: str, decoder: CountingDecoder, wan: CountedWan
 ) -> None:
-    with pytest.raises(error, match=f"^decode_to_mp4: {match}"):
-        await decode_to_mp4(decoder, z, fps=8)  # type: ignore[arg-type]
-    assert decoder.calls == 0
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize(("z", "error", "match"), bad_latents(WAN_CHANNELS))
-async def test_decode_to_mp4_refuses_a_bad_latent_for_a_diffusers_vae_before_its_decoder_runs(
-    z: object, error: type[Exception], match: str, wan: CountedWan
-) -> None:
-    with pytest.raises(error, match=f"^decode_to_mp4: {match}"):
-        await decode_to_mp4(wan.vae, z, fps=8)  # type: ignore[arg-type]
-    assert wan.calls == []
+    vae, channels = (decoder, CHANNELS) if target == "a counting decoder" else (wan.vae, WAN_CHANNELS)
+    for case in bad_latents(channels):
+        z, error, match = case.values
+        with pytest.raises(error, match=f"^decode_to_mp4: {match}"):
+            await decode_to_mp4(vae, z, fps=8)
+    assert decoder.calls == 0 and wan.calls == []  # neither decoder ran a step
 
 
 @pytest.mark.parametrize(("z", "error", "match"), bad_latents(CHANNELS))
@@ -604,29 +597,23 @@ def test_stream_mp4_on_a_rank_without_the_output_is_refused_at_the_call() -> Non
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("way", ["push", "push_from_thread"])
 @pytest.mark.parametrize(("chunk", "error", "match"), bad_chunks())
-async def test_push_refuses_a_bad_chunk_before_any_work(
-    chunk: object, error: type[Exception], match: str
+async def test_push_refuses_a_bad_chunk_before_any_work_naming_itself(
+    way: str, chunk: object, error: type[Exception], match: str
 ) -> None:
     async with ChunkedVideoMP4Session(value_range=(-1, 1), fps=8, **FAST) as session:
-        with pytest.raises(error, match=f"^push: {match}"):
-            await session.push(chunk)  # type: ignore[arg-type]
+
+        async def push(pushed: object) -> None:
+            if way == "push":
+                await session.push(pushed)  # type: ignore[arg-type]
+            else:
+                await anyio.to_thread.run_sync(session.push_from_thread, pushed)
+
+        with pytest.raises(error, match=f"^{way}: {match}"):
+            await push(chunk)
         assert session.frames_pushed == 0 and session.pixel_format is None  # no pipeline was built
-        await session.push(CHUNK)  # the control
-        (video,) = await session.finish()
-    assert read_mp4(video).frames.shape[0] == 1
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize(("chunk", "error", "match"), bad_chunks())
-async def test_push_from_thread_refuses_a_bad_chunk_naming_itself(
-    chunk: object, error: type[Exception], match: str
-) -> None:
-    async with ChunkedVideoMP4Session(value_range=(-1, 1), fps=8, **FAST) as session:
-        with pytest.raises(error, match=f"^push_from_thread: {match}"):
-            await anyio.to_thread.run_sync(session.push_from_thread, chunk)
-        assert session.frames_pushed == 0 and session.pixel_format is None
-        await anyio.to_thread.run_sync(session.push_from_thread, CHUNK)  # the control
+        await push(CHUNK)  # the control
         (video,) = await session.finish()
     assert read_mp4(video).frames.shape[0] == 1
 

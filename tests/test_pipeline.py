@@ -22,6 +22,7 @@ from streamvae._sinks import Arrivals, MP4ByteStream
 from streamvae._statistics import LatencyRecorder
 from streamvae.testing import open_containers
 from tests._media import DETERMINISTIC_X264, moving_pattern, psnr, read_mp4, to_rgb_uint8
+from tests._spies import count_transfers
 
 pytestmark = pytest.mark.anyio
 
@@ -63,6 +64,14 @@ def build(
     return pipeline, failure
 
 
+def streamed_pipeline(first: torch.Tensor) -> tuple[StagePipeline, FailureRecord, MP4ByteStream]:
+    """A fragmented pipeline whose one entry goes to a byte stream holding one piece."""
+    failure = FailureRecord()
+    stream = MP4ByteStream(0, 1, failure, Arrivals())
+    pipeline, _ = build(first, pipeline_options(output="fragmented"), failure=failure, streams={0: stream})
+    return pipeline, failure, stream
+
+
 async def run_to_end(pipeline: StagePipeline, chunks: Sequence[torch.Tensor]) -> list[bytes]:
     """Every chunk through the pipeline and every MP4 finished, as a session's pushes and ``finish`` do."""
     with anyio.fail_after(60):  # hang guard
@@ -94,19 +103,43 @@ async def read_all(stream: MP4ByteStream, received: list[bytes]) -> None:
         await stream.aclose()
 
 
-async def wait_until_stalled(pipeline: StagePipeline, stream: MP4ByteStream) -> None:
-    """Until the entry's encoder waits to hand bytes to the stream's full buffer (nobody reads it) and the
-    stages before it hold every slot of the ring."""
-    assert pipeline.ring is not None
-    while True:
-        await anyio.wait_all_tasks_blocked()
-        statistics = stream.statistics()
-        if (
+class StallWatch:
+    """Waits until a pipeline whose only byte stream nobody reads has stopped for good: the entry's encoder
+    waits on the stream's full buffer and the stages before it hold every slot of the ring.
+
+    Install it before the pipeline runs: it wraps the ring's ``transfer`` to be woken after each one, since
+    the last change before the stall is always a transfer taking the slot the encoder gave back.
+    """
+
+    def __init__(self, pipeline: StagePipeline, stream: MP4ByteStream) -> None:
+        assert pipeline.ring is not None
+        self._ring, self._stream = pipeline.ring, stream
+        self._transferred = anyio.Event()
+        transfer = self._ring.transfer
+
+        async def signalling_transfer(frames: torch.Tensor, **kwargs: Any) -> Any:
+            lease = await transfer(frames, **kwargs)
+            transferred, self._transferred = self._transferred, anyio.Event()
+            transferred.set()
+            return lease
+
+        self._ring.transfer = signalling_transfer  # type: ignore[method-assign]
+
+    def stalled(self) -> bool:
+        statistics = self._stream.statistics()
+        return (
             statistics.current_buffer_used == statistics.max_buffer_size
-            and statistics.tasks_waiting_send
-            and pipeline.ring.slots_in_use == pipeline.ring.depth
-        ):
-            return
+            and statistics.tasks_waiting_send > 0
+            and self._ring.slots_in_use == self._ring.depth
+        )
+
+    async def wait(self) -> None:
+        while True:
+            transferred = self._transferred  # taken before looking, so no wake-up falls in between
+            await anyio.wait_all_tasks_blocked()  # the encoder has reached its wait, if it is at one
+            if self.stalled():
+                return
+            await transferred.wait()
 
 
 def assert_frames_match(decoded: np.ndarray, reference: np.ndarray) -> None:
@@ -136,14 +169,7 @@ async def test_uneven_chunks_are_regrouped_into_transfer_groups_and_every_frame_
     chunks = clip([1, 4, 2, 5, 3], batch=2)
     pipeline, failure = build(chunks[0], pipeline_options(batch_frames=batch_frames))
     assert pipeline.ring is not None
-    transferred: list[int] = []
-    transfer = pipeline.ring.transfer
-
-    async def counting_transfer(frames: torch.Tensor, **kwargs: Any) -> Any:
-        transferred.append(frames.shape[1])
-        return await transfer(frames, **kwargs)
-
-    pipeline.ring.transfer = counting_transfer  # type: ignore[method-assign]
+    transferred = count_transfers(pipeline.ring)
     videos = await run_to_end(pipeline, chunks)
     assert not failure.failed
     assert transferred == groups
@@ -291,11 +317,7 @@ async def test_a_sink_whose_reader_closed_its_stream_is_recorded_and_the_pipelin
 async def test_abort_before_run_stops_every_stage_at_once() -> None:
     containers = open_containers()
     chunks = clip([2, 2], height=16, width=16)
-    failure = FailureRecord()
-    stream = MP4ByteStream(0, 1, failure, Arrivals())
-    pipeline, _ = build(
-        chunks[0], pipeline_options(output="fragmented"), failure=failure, streams={0: stream}
-    )
+    pipeline, failure, stream = streamed_pipeline(chunks[0])
     pipeline.abort()
     with anyio.fail_after(60):  # hang guard
         async with anyio.create_task_group() as tg:
@@ -314,11 +336,7 @@ async def test_abort_before_run_stops_every_stage_at_once() -> None:
 async def test_abort_while_running_releases_every_slot_and_container() -> None:
     containers = open_containers()
     chunks = clip([1] * 200, height=16, width=16)
-    failure = FailureRecord()
-    stream = MP4ByteStream(0, 1, failure, Arrivals())
-    pipeline, _ = build(
-        chunks[0], pipeline_options(output="fragmented"), failure=failure, streams={0: stream}
-    )
+    pipeline, failure, stream = streamed_pipeline(chunks[0])
     refused: list[BaseException] = []
 
     async def produce() -> None:
@@ -332,7 +350,7 @@ async def test_abort_while_running_releases_every_slot_and_container() -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(pipeline.run)
             tg.start_soon(produce)
-            await wait_until_stalled(pipeline, stream)  # mid-stream: an encoder open, slots held
+            await stall.wait()  # mid-stream: an encoder open, every slot held
             assert open_containers() == containers + 1
             pipeline.abort()
             await pipeline.done.wait()
@@ -356,6 +374,7 @@ async def test_an_unread_byte_stream_blocks_send_until_it_is_read() -> None:
     pipeline, _ = build(
         chunks[0], pipeline_options(output="fragmented", queue_depth=1), failure=failure, streams={0: stream}
     )
+    stall = StallWatch(pipeline, stream)
     sent = 0
     all_sent = anyio.Event()
 
@@ -371,7 +390,7 @@ async def test_an_unread_byte_stream_blocks_send_until_it_is_read() -> None:
         async with anyio.create_task_group() as tg:
             await tg.start(pipeline.run)
             tg.start_soon(produce)
-            await wait_until_stalled(pipeline, stream)
+            await stall.wait()
             # Proving a negative needs a bound: with the encoder already stopped, what is still in flight
             # fills a handful of queue places and slots in milliseconds; a second is ample.
             with anyio.move_on_after(1):
@@ -416,11 +435,7 @@ async def test_counters_and_the_encoder_name_after_the_run() -> None:
 
 async def test_videos_gives_empty_bytes_for_an_entry_read_through_its_stream() -> None:
     chunks = clip([2, 3], batch=2)
-    failure = FailureRecord()
-    stream = MP4ByteStream(0, 1, failure, Arrivals())
-    pipeline, _ = build(
-        chunks[0], pipeline_options(output="fragmented"), failure=failure, streams={0: stream}
-    )
+    pipeline, _, stream = streamed_pipeline(chunks[0])
     received: list[bytes] = []
     with anyio.fail_after(60):  # hang guard
         async with anyio.create_task_group() as tg:

@@ -16,6 +16,7 @@ from streamvae._encode import EntryEncoder
 from streamvae._pipeline import StagePipeline
 from streamvae.testing import foreign_threads, open_containers
 from tests._media import DETERMINISTIC_X264, moving_pattern, psnr, read_mp4, to_rgb_uint8, wan_like_chunks
+from tests._spies import count_transfers
 
 pytestmark = pytest.mark.anyio
 
@@ -92,14 +93,7 @@ async def test_batch_frames_regroups_chunks_into_transfers_of_that_size(
         for chunk in chunks:
             await session.push(chunk)
         assert session.ring is not None
-        seen: list[int] = []
-        transfer = session.ring.transfer
-
-        async def spy(frames: torch.Tensor, **kwargs: Any) -> Any:
-            seen.append(frames.shape[1])
-            return await transfer(frames, **kwargs)
-
-        session.ring.transfer = spy  # type: ignore[method-assign]
+        seen = count_transfers(session.ring)
         videos = await session.finish()
     stats = session.transfer_stats()
     assert stats is not None and stats.transfers == len(sizes)
