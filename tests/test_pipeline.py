@@ -337,6 +337,7 @@ async def test_abort_while_running_releases_every_slot_and_container() -> None:
     containers = open_containers()
     chunks = clip([1] * 200, height=16, width=16)
     pipeline, failure, stream = streamed_pipeline(chunks[0])
+    stall = StallWatch(pipeline, stream)
     refused: list[BaseException] = []
 
     async def produce() -> None:
@@ -369,11 +370,7 @@ async def test_abort_while_running_releases_every_slot_and_container() -> None:
 
 async def test_an_unread_byte_stream_blocks_send_until_it_is_read() -> None:
     chunks = clip([1] * 100)
-    failure = FailureRecord()
-    stream = MP4ByteStream(0, 1, failure, Arrivals())
-    pipeline, _ = build(
-        chunks[0], pipeline_options(output="fragmented", queue_depth=1), failure=failure, streams={0: stream}
-    )
+    pipeline, failure, stream = streamed_pipeline(chunks[0])  # queue_depth 1 between the stages
     stall = StallWatch(pipeline, stream)
     sent = 0
     all_sent = anyio.Event()
