@@ -107,6 +107,7 @@ class StagePipeline:
         self._streams = dict(streams)
         self._failure = failure
         self._latency = latency
+        latency.started(batch)  # one latency slot per entry, before any encoder hands bytes on
         self._timeline = timeline
         self._scope = anyio.CancelScope()
         self._chunks_send, self._chunks = anyio.create_memory_object_stream[tuple[Tensor, Any]](

@@ -299,7 +299,6 @@ class ChunkedVideoMP4Session:
         batch, _, _, height, width = first.shape
         self._shape = (batch, height, width)
         self._device = first.device
-        self._latency.started(batch)
         pipeline = StagePipeline(
             self.options,
             first,
