@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import importlib
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -28,6 +30,7 @@ DOCUMENTED = {
     "streamvae.server": ["ServerEvent", "ServerStats", "VideoRequest", "create_app", "serve"],
     "streamvae.cli": ["main", "load_latents", "load_vae", "run_decode"],
     "streamvae.demo": ["DEMO_FPS", "demo_latent", "demo_vae"],
+    "streamvae.pipelines": ["generate_mp4", "stream_generation"],
     "streamvae.testing": [
         "TINY_VAE_CONFIGS",
         "check_chunked_decoder",
@@ -83,3 +86,11 @@ def test_no_module_imports_another_modules_private_names() -> None:
     # Private modules (``streamvae._session``) are the implementation and import each other's public
     # names; a private *name* (``_chunk_bridge``) is its module's own: a seam two modules need gets a name.
     assert _private_imports() == []
+
+
+@pytest.mark.parametrize("module", ["streamvae", "streamvae.models", "streamvae.pipelines"])
+def test_importing_the_package_does_not_import_diffusers(module: str) -> None:
+    # diffusers takes seconds to import: only a diffusers VAE or pipeline in hand pulls it in.
+    code = f"import sys, {module}; print('diffusers' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"

@@ -111,6 +111,18 @@ def check_limiter(name: str, value: object, *, owner: str | None = None) -> anyi
     return value
 
 
+# A pipeline's ``output_type="latent"`` is not always what ``vae.decode`` takes: say what to do instead.
+_PACKED_HINT = (
+    "; a [batch, tokens, channels] latent is a pipeline's packed output (LTX-Video's output_type='latent'): "
+    "let streamvae.pipelines.generate_mp4(pipe, ...) run the pipeline and decode what it passes to vae.decode"
+)
+_FRAMES_FIRST_HINT = (
+    "; these latents are frames-first [batch, frames, channels, height, width] (CogVideoX's "
+    "output_type='latent'): let streamvae.pipelines.generate_mp4(pipe, ...) run the pipeline, or permute "
+    "and scale them as the pipeline does before vae.decode"
+)
+
+
 def check_latents(z: object, channels: int | None, *, owner: str, name: str = "z") -> Tensor:
     """``z`` if it is a latent a decoder takes: a non-empty floating-point ``[B, channels, T, H, W]``
     tensor (any channel count when ``channels`` is None); else a TypeError (not a tensor) or ValueError.
@@ -122,15 +134,17 @@ def check_latents(z: object, channels: int | None, *, owner: str, name: str = "z
     if not isinstance(z, Tensor):
         raise TypeError(f"{owner}: {name} must be a torch.Tensor {expected}, got {type(z).__name__}")
     if z.ndim != 5:
-        raise ValueError(f"{owner}: {name} must be a 5-D latent {expected}, got shape {tuple(z.shape)}")
+        hint = _PACKED_HINT if z.ndim == 3 else ""
+        raise ValueError(f"{owner}: {name} must be a 5-D latent {expected}, got shape {tuple(z.shape)}{hint}")
     if not z.is_floating_point():
         raise ValueError(
             f"{owner}: {name} must be a floating-point latent (float32, float16 or bfloat16), got {z.dtype}"
         )
     if channels is not None and z.shape[1] != channels:
+        hint = _FRAMES_FIRST_HINT if z.shape[2] == channels else ""
         raise ValueError(
             f"{owner}: {name} must have {channels} latent channels in dim 1 {expected}, "
-            f"got shape {tuple(z.shape)}"
+            f"got shape {tuple(z.shape)}{hint}"
         )
     if z.numel() == 0:
         raise ValueError(f"{owner}: {name} must not be empty {expected}, got shape {tuple(z.shape)}")

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DecodeAbandoned",
     "call_on_loop",
+    "check_abandoned",
     "check_finite_latents",
     "chunk_bridge",
     "decode_stream",
@@ -140,6 +141,13 @@ def _abandoned_on_cancel(owner: str) -> Iterator[None]:
         raise
     except BaseException as cancelled:  # trio's Cancelled / asyncio's CancelledError
         raise DecodeAbandoned(f"the caller of {owner} was cancelled") from cancelled
+
+
+def check_abandoned(owner: str) -> None:
+    """Worker thread: raise :class:`DecodeAbandoned` now if the caller was cancelled (a step boundary of
+    work that does not call into the loop, such as a diffusion pipeline's denoising loop)."""
+    with _abandoned_on_cancel(owner):
+        pass
 
 
 def call_on_loop(func: Callable[..., Coroutine[Any, Any, _T]], *args: Any, owner: str) -> _T:
