@@ -31,7 +31,14 @@ from streamvae._codec_options import OutputKind, check_video_codec
 from streamvae._output_file import check_output_files
 from streamvae._quantize import PixelFormat, check_value_range
 
-__all__ = ["NonFinite", "SessionKeywords", "SessionOptions", "resolve_options"]
+__all__ = [
+    "OPTION_NAMES",
+    "NonFinite",
+    "SessionKeywords",
+    "SessionOptions",
+    "check_option_dict",
+    "resolve_options",
+]
 
 NonFinite = Literal["error", "ignore"]
 #: FFmpeg's int options (the keyframe interval becomes the codec's ``g``) stop at a C int.
@@ -309,3 +316,30 @@ def resolve_options(
             raise
         # An output file that could not be opened: the same OSError subclass, naming the call and option.
         raise OSError(error.errno, f"{owner}: output_files: {error.strerror}", error.filename) from None
+
+
+def check_option_dict(
+    value: object, *, owner: str, reserved: Sequence[str] = (), name: str = "session_options"
+) -> dict[str, Any]:
+    """``value`` as a dict of :class:`SessionOptions` keywords: what an entry point that takes the options
+    as one dict argument (``name``) beside arguments of its own gets. None is an empty dict.
+
+    Not a mapping: a TypeError. A key that is no option (with the nearest one) or one of ``reserved``
+    (options the entry point takes as arguments of its own, such as ``fps``): a ValueError naming
+    ``owner`` and ``name``. The values are checked when the options are resolved.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{owner}: {name} must be a dict of streamvae.SessionOptions keywords or None, "
+            f"got {type(value).__name__}"
+        )
+    for key in value:
+        if key in reserved or key == "options":
+            raise ValueError(f"{owner}: pass {key} to {owner}() itself, not in {name}")
+        if key not in OPTION_NAMES:
+            nearest = difflib.get_close_matches(str(key), OPTION_NAMES, n=1)
+            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+            raise ValueError(f"{owner}: {name} has {key!r}, not a SessionOptions keyword{hint}")
+    return dict(value)

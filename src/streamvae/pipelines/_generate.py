@@ -17,7 +17,7 @@ import anyio
 from streamvae._checks import check_fps
 from streamvae._decode import decode_to_mp4, stream_mp4
 from streamvae._decode_worker import run_decode_worker
-from streamvae._options import SessionOptions, resolve_options
+from streamvae._options import SessionOptions, check_option_dict, resolve_options
 from streamvae._sinks import MP4ByteStream
 from streamvae.models import ChunkedDecoder, as_decoder, supported_classes
 from streamvae.pipelines._capture import CapturedDecode, check_pipeline, check_pipeline_kwargs, run_to_decode
@@ -119,20 +119,11 @@ def _check(
         ) from None
     check_pipeline_kwargs(pipe, pipeline_kwargs, owner=owner)
     checked_fps = check_fps(fps, owner=owner)
-    if session_options is None:
-        session_options = {}
-    if not isinstance(session_options, Mapping):
-        raise TypeError(
-            f"{owner}: session_options must be a dict of streamvae.SessionOptions keywords, "
-            f"got {type(session_options).__name__}"
-        )
-    if "fps" in session_options or "options" in session_options:
-        given = "fps" if "fps" in session_options else "options"
-        raise ValueError(f"{owner}: pass fps= to {owner}() itself, not {given!r} in session_options")
+    keywords = check_option_dict(session_options, owner=owner, reserved=("fps",))
     options = resolve_options(
         owner,
         None,
-        {**session_options, "fps": checked_fps},
+        {**keywords, "fps": checked_fps},
         value_range=probe.chunk_value_range,
         output=output,
     )

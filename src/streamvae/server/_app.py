@@ -14,12 +14,11 @@ chunk and its session closes (no container, thread or slot outlives the request)
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import math
 import os
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -38,7 +37,7 @@ from torch import Tensor
 from streamvae._checks import check_callable, check_fps, check_int, check_limiter
 from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
-from streamvae._options import OPTION_NAMES, SessionOptions
+from streamvae._options import SessionOptions, check_option_dict
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
@@ -199,20 +198,7 @@ def _checked_session_options(
 ) -> SessionOptions:
     """The options of every request's session: fragmented MP4 at ``fps`` in the decoder's value range,
     under ``session_options``; each error names create_app's ``session_options``."""
-    if session_options is None:
-        session_options = {}
-    if not isinstance(session_options, Mapping):
-        raise TypeError(
-            "create_app: session_options must be a dict of SessionOptions keywords or None, "
-            f"got {type(session_options).__name__}"
-        )
-    for name in session_options:
-        if name in _APP_SESSION_OPTIONS:
-            raise ValueError(f"create_app: pass {name} to create_app(), not in session_options")
-        if name not in OPTION_NAMES:
-            nearest = difflib.get_close_matches(str(name), OPTION_NAMES, n=1)
-            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
-            raise ValueError(f"create_app: session_options has {name!r}, not a SessionOptions keyword{hint}")
+    session_options = check_option_dict(session_options, owner="create_app", reserved=_APP_SESSION_OPTIONS)
     given = {"value_range": value_range, "fps": fps, "output": "fragmented", **session_options}
     try:
         return SessionOptions(**given)
