@@ -236,3 +236,19 @@ async def test_a_pipeline_whose_vae_streamvae_does_not_decode_is_refused_naming_
         TypeError, match=r"^generate_mp4: OtherPipeline's VAE .* is not one streamvae decodes.*Wan"
     ):
         await generate_mp4(OtherPipeline(), fps=8)
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("ltx", r"a pipeline's packed output .* streamvae\.pipelines\.generate_mp4"),
+        ("cogvideox", r"frames-first \[batch, frames, channels, height, width\].*generate_mp4"),
+    ],
+)
+async def test_decode_to_mp4_given_a_pipelines_latent_output_says_what_to_do_instead(
+    name: str, match: str
+) -> None:
+    pipe, make_kwargs = BUILDERS[name]()
+    latents = pipe(**make_kwargs(), output_type="latent").frames
+    with pytest.raises(ValueError, match=match):
+        await decode_to_mp4(pipe.vae, latents, fps=8)
