@@ -252,3 +252,16 @@ async def test_decode_to_mp4_given_a_pipelines_latent_output_says_what_to_do_ins
     latents = pipe(**make_kwargs(), output_type="latent").frames
     with pytest.raises(ValueError, match=match):
         await decode_to_mp4(pipe.vae, latents, fps=8)
+
+
+async def test_one_mp4_per_video_of_the_call(wan: tuple[Any, Callable[[], dict[str, Any]]]) -> None:
+    pipe, make_kwargs = wan
+    kwargs = {**make_kwargs(), "num_videos_per_prompt": 2}
+    videos = await generate_mp4(pipe, fps=8, session_options=PINNED, **kwargs)
+    reference = np.asarray(pipe(**{**make_kwargs(), "num_videos_per_prompt": 2}, output_type="np").frames)
+    assert len(videos) == 2 == len(reference) and videos[0] != videos[1]
+    decoded = [read_mp4(video).frames.astype(np.float32) / 255 for video in videos]
+    assert all(d.shape == r.shape for d, r in zip(decoded, reference, strict=True))
+    distance = [[float(np.abs(d - r).mean()) for r in reference] for d in decoded]
+    # Each entry is its own video, in order (16×16 noise is far from lossless at crf 18: compare, not bound).
+    assert distance[0][0] < distance[0][1] and distance[1][1] < distance[1][0]
