@@ -39,7 +39,7 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--autoplay-policy=no-user-gesture-required",
-    "--window-size=720,760",
+    "--window-size=720,840",  # the whole page, status line included
     "--remote-debugging-port=0",  # chromium picks a free port and prints it
 ]
 FRAMES, SIZE, FPS = 33, 128, 16

@@ -1,26 +1,41 @@
-"""The ``streamvae`` command: demo, decode from saved latents with a saved VAE, and its input errors."""
+"""The ``streamvae`` command: demo, decode from saved latents with a saved VAE (de-normalized as each
+pipeline does), its input errors, Ctrl-C, what ``--help`` imports, and the server's log."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+import queue
 import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 import wave
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import av
 import numpy as np
 import pytest
 import torch
+from diffusers import (
+    AutoencoderKLCogVideoX,
+    AutoencoderKLHunyuanVideo,
+    AutoencoderKLLTX2Video,
+    AutoencoderKLLTXVideo,
+    CogVideoXPipeline,
+)
 from safetensors.torch import save_file
 
 from streamvae import cli, quantize_chunk
 from streamvae.cli import main
 from tests._media import bt709_luma, read_luma, read_mp4
-from tests._vaes import latent, tiny_wan21
+from tests._vaes import latent, tiny_wan21, tiny_wan22
 
 FAST = ["--crf", "23", "--preset", "ultrafast", "--quiet"]
 
@@ -40,6 +55,12 @@ def write_wav(path: Path, seconds: float, rate: int = 16000, channels: int = 1) 
         wav.setsampwidth(2)
         wav.setframerate(rate)
         wav.writeframes(np.repeat(samples[:, None], channels, axis=1).tobytes())
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("streamvae: error: ") and err.count("\n") == 1, err
+    return err
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -81,6 +102,7 @@ def test_decode_reads_latents_and_a_saved_vae(kind: str, vae_dir: Path, tmp_path
         key = ["--key", "video_latents"]
     output = tmp_path / "out.mp4"
     args = ["decode", str(source), "-o", str(output), "--vae", str(vae_dir), "--tile", "--fps", "8", *key]
+    args += ["--device", "cpu"]
     assert main([*args, "--crf", "0", "--quiet"]) == 0  # crf 0: lossless luma
     data = output.read_bytes()
     video = read_mp4(data)
@@ -127,25 +149,109 @@ def test_decode_without_a_batch_dimension_is_one_entry(vae_dir: Path, tmp_path: 
     assert read_mp4(output.read_bytes()).frames.shape == (5, 64, 64, 3)
 
 
-def test_decode_denormalizes_a_pipelines_latents_on_request(vae_dir: Path, tmp_path: Path) -> None:
-    vae = tiny_wan21()
-    z = latent(vae, frames=2)
-    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
-    torch.save(z, tmp_path / "raw.pt")
-    torch.save((z - mean) / std, tmp_path / "normalized.pt")  # what output_type="latent" hands out
-    common = ["--vae", str(vae_dir), "--crf", "0", "--quiet"]
-    assert main(["decode", str(tmp_path / "raw.pt"), "-o", str(tmp_path / "raw.mp4"), *common]) == 0
-    normalized = [
-        "decode",
-        str(tmp_path / "normalized.pt"),
-        "-o",
-        str(tmp_path / "norm.mp4"),
-        "--denormalize",
-    ]
-    assert main([*normalized, *common]) == 0
-    raw, norm = (read_luma((tmp_path / name).read_bytes()).astype(int) for name in ("raw.mp4", "norm.mp4"))
-    assert np.abs(raw - norm).max() <= 2
+# What a pipeline's output_type="latent" hands out, and the pipeline's own step from there to the video
+# (diffusers 0.42): (VAE, latents in the pipeline's layout, the step + vae.decode, latents channels first).
+PipelineCase = tuple[Any, torch.Tensor, Callable[[Any, torch.Tensor], torch.Tensor], torch.Tensor]
+
+
+def _wan_case() -> PipelineCase:
+    vae = tiny_wan22()  # its latents_mean / latents_std are seeded, not the defaults
+    latents = latent(vae, frames=3, h=4, w=4)
+
+    def wan_pipeline(vae: Any, latents: torch.Tensor) -> torch.Tensor:  # WanPipeline.__call__
+        latents = latents.to(vae.dtype)
+        latents_mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1)
+        latents_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1)
+        return vae.decode(latents / latents_std + latents_mean).sample  # type: ignore[no-any-return]
+
+    return vae, latents, wan_pipeline, latents
+
+
+def _hunyuan_video_case() -> PipelineCase:
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo(
+        latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4
+    ).eval()
+    latents = torch.randn(1, 4, 3, 4, 4, generator=torch.Generator().manual_seed(0))
+
+    def hunyuan_pipeline(vae: Any, latents: torch.Tensor) -> torch.Tensor:  # HunyuanVideoPipeline.__call__
+        return vae.decode(latents.to(vae.dtype) / vae.config.scaling_factor).sample  # type: ignore[no-any-return]
+
+    return vae, latents, hunyuan_pipeline, latents
+
+
+def _cogvideox_case() -> PipelineCase:
+    torch.manual_seed(0)
+    vae = AutoencoderKLCogVideoX(
+        latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4
+    ).eval()
+    latents = torch.randn(1, 3, 4, 4, 4, generator=torch.Generator().manual_seed(0))  # frames first
+
+    def cogvideox_pipeline(vae: Any, latents: torch.Tensor) -> torch.Tensor:
+        # The pipeline's own method, on a stand-in holding the two attributes it reads.
+        pipe = SimpleNamespace(vae=vae, vae_scaling_factor_image=vae.config.scaling_factor)
+        return CogVideoXPipeline.decode_latents(pipe, latents)  # type: ignore[arg-type]
+
+    return vae, latents, cogvideox_pipeline, latents.permute(0, 2, 1, 3, 4)
+
+
+@pytest.mark.parametrize("case", [_wan_case, _hunyuan_video_case, _cogvideox_case])
+def test_decode_denormalizes_a_pipelines_latents_as_the_pipeline_does(
+    case: Callable[[], PipelineCase], tmp_path: Path
+) -> None:
+    vae, latents, pipeline_decode, channels_first = case()
+    vae.save_pretrained(tmp_path / "vae")
+    torch.save(latents, tmp_path / "latents.pt")  # what output_type="latent" handed out
+    output = tmp_path / "out.mp4"
+    args = ["decode", str(tmp_path / "latents.pt"), "-o", str(output), "--vae", str(tmp_path / "vae")]
+    assert main([*args, "--denormalize", "--crf", "0", "--quiet"]) == 0  # crf 0: lossless luma
+    with torch.no_grad():
+        expected = bt709_luma(quantize_chunk(pipeline_decode(vae, latents), (-1, 1)).numpy()[0]).astype(int)
+        skipped = bt709_luma(quantize_chunk(vae.decode(channels_first).sample, (-1, 1)).numpy()[0])
+    luma = read_luma(output.read_bytes()).astype(int)
+    assert luma.shape == expected.shape
+    assert np.abs(luma - expected).max() <= 1  # the pipeline's own frames
+    assert np.abs(luma - skipped.astype(int)).max() > 8  # and the step mattered
+
+
+def _tiny_ltx_video() -> Any:
+    return AutoencoderKLLTXVideo(
+        latent_channels=8,
+        patch_size=1,
+        block_out_channels=(8, 8, 8, 8),
+        decoder_block_out_channels=(8, 8, 8, 8),
+        layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1, 1),
+    )
+
+
+def _tiny_ltx2_video() -> Any:
+    return AutoencoderKLLTX2Video(
+        latent_channels=8,
+        patch_size=1,
+        block_out_channels=(8, 16, 32, 64),
+        decoder_block_out_channels=(8, 16, 32),
+        layers_per_block=(1, 1, 1, 1, 1),
+        decoder_layers_per_block=(1, 1, 1, 1),
+        spatial_compression_ratio=8,
+        temporal_compression_ratio=8,
+    )
+
+
+@pytest.mark.parametrize("tiny_vae", [_tiny_ltx_video, _tiny_ltx2_video])
+def test_denormalize_refuses_ltx_video_in_one_line_and_points_to_the_pipeline_api(
+    tiny_vae: Callable[[], Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny_vae().save_pretrained(tmp_path / "vae")
+    torch.save(torch.randn(1, 8, 2, 2, 2), tmp_path / "latents.pt")
+    output = tmp_path / "out.mp4"
+    output.write_bytes(b"an earlier render")
+    before = sorted(os.listdir(tmp_path))
+    args = ["decode", str(tmp_path / "latents.pt"), "-o", str(output), "--vae", str(tmp_path / "vae")]
+    assert main([*args, "--denormalize"]) == 1
+    err = one_line_error(capsys)
+    assert "LTX-Video" in err and "use the pipeline API (streamvae.pipelines.generate_mp4) instead" in err
+    assert sorted(os.listdir(tmp_path)) == before and output.read_bytes() == b"an earlier render"
 
 
 def _not_a_vae(tmp_path: Path) -> Path:
@@ -220,12 +326,6 @@ def test_decode_reports_bad_input_in_one_line(
 def test_demo_rejects_a_size_the_vae_cannot_make(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--size", "100", "--quiet"]) == 1
     assert "multiple of 16" in capsys.readouterr().err
-
-
-def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("streamvae: error: ") and err.count("\n") == 1, err
-    return err
 
 
 @pytest.mark.parametrize(
@@ -369,5 +469,150 @@ except SystemExit as exit:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "5 frames 32×32" in result.stdout  # the summary, without a progress bar
-    assert "pip install 'streamvae[serve]'" in result.stderr
+    assert "pip install -e '.[serve]'" in result.stderr
     assert read_mp4(output.read_bytes()).frames.shape == (5, 32, 32, 3)
+
+
+# Devices this machine lacks, whatever it has: a name torch does not know, a malformed index, meta.
+MISSING_DEVICES = [
+    ("gpu", r"argument --device: 'gpu' is not a device: expected cpu"),
+    ("cuda:x", r"argument --device: 'cuda:x' is not a device: expected cpu"),
+    ("meta", r"argument --device: meta: this torch \(.+\) sees no meta device; expected cpu"),
+    (
+        "cuda:99",
+        r"argument --device: cuda:99: this (torch \(.+\) sees no cuda device|machine has \d+ cuda dev)",
+    ),
+]
+if not torch.cuda.is_available():
+    MISSING_DEVICES.append(
+        ("cuda", r"argument --device: cuda: this torch \(.+\) sees no cuda device; expected cpu")
+    )
+
+
+@pytest.mark.parametrize(("device", "message"), MISSING_DEVICES)
+def test_a_device_this_machine_lacks_is_one_line_before_anything_is_read(
+    device: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Neither the latents nor the VAE exist: the device is checked first, when the options are parsed.
+    args = ["decode", str(tmp_path / "missing.pt"), "-o", str(tmp_path / "out.mp4"), "--vae", str(tmp_path)]
+    assert main([*args, "--device", device]) == 1
+    err = one_line_error(capsys)
+    assert re.search(message, err), err
+    assert err.rstrip().endswith("(see streamvae decode --help)")
+    assert os.listdir(tmp_path) == []
+
+
+# Runs the command as ``python -m streamvae`` would, with Python's own Ctrl-C handler even where the test
+# runner's parent ignores SIGINT (a background job's children inherit that).
+_RUN_STREAMVAE = """
+import runpy, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.argv = ["streamvae", *sys.argv[1:]]
+runpy.run_module("streamvae", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_ctrl_c_while_decoding_is_one_line_exit_130_and_leaves_the_earlier_file(
+    backend: str, tmp_path: Path
+) -> None:
+    output = tmp_path / "x.mp4"
+    output.write_bytes(b"an earlier render")
+    part = tmp_path / "x.mp4.part"
+    # A decode of minutes: interrupted once its first fragment is on disk, long before it ends.
+    command = [sys.executable, "-c", _RUN_STREAMVAE, "demo", "-o", str(output), "--frames", "257"]
+    command += ["--size", "256", "--backend", backend, "-q"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a hang guard only
+        # The child's only sign of progress is its file: poll for it (there is nothing to wait on).
+        while not (part.exists() and part.stat().st_size > 0):
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the decode never wrote its first fragment"
+            time.sleep(0.02)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 130, err[-4000:]
+    assert err == "streamvae: interrupted\n" and out == ""
+    assert os.listdir(tmp_path) == ["x.mp4"]  # no .part left
+    assert output.read_bytes() == b"an earlier render"
+
+
+def test_help_and_option_errors_import_neither_torch_nor_diffusers() -> None:
+    """``--help`` and a mistyped option answer without importing the heavy modules (seconds otherwise).
+
+    torch is left out of the check only where ``import streamvae`` itself brings it in: then the command
+    can avoid nothing of it, but it must add nothing either.
+    """
+    script = """
+import contextlib, io, json, sys
+import streamvae
+before = set(sys.modules)
+from streamvae.cli import main
+statuses, helps = [], []
+for argv in (["--help"], ["decode", "--help"], ["demo", "--help"], ["demo", "--preset", "nope"],
+             ["decode", "latents.pt"], ["decode", "x.pt", "-o", "x.mp4", "--vae", ".", "--fps", "0"]):
+    with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()):
+        try:
+            statuses.append(main(argv))
+        except SystemExit as exit:
+            statuses.append(exit.code)
+    helps.append(out.getvalue())
+added = sorted(set(sys.modules) - before)
+print(json.dumps({"statuses": statuses, "added": added, "all": sorted(sys.modules), "helps": helps}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen["statuses"] == [0, 0, 0, 1, 1, 1]
+    heavy = ("torch", "diffusers", "transformers", "safetensors", "streamvae.demo", "streamvae.models.")
+    assert [name for name in seen["added"] if name.startswith(heavy)] == []
+    assert "diffusers" not in seen["all"] and "streamvae.demo" not in seen["all"]
+    from streamvae.demo import DEMO_FPS
+
+    assert f"(default {DEMO_FPS}, the demo's)" in seen["helps"][2]  # the help states the demo's own rate
+
+
+def test_serve_logs_each_requests_statistics() -> None:
+    """``streamvae serve`` sets up logging: the per-request statistics line appears on its stderr."""
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("uvicorn")
+    command = [sys.executable, "-c", _RUN_STREAMVAE, "serve", "--port", "0"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.put(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+
+    def line_with(pattern: str) -> re.Match[str]:
+        while True:
+            line = lines.get(timeout=120)  # a hang guard only
+            match = re.search(pattern, line)
+            if match is not None:
+                return match
+
+    try:
+        port = line_with(r"Uvicorn running on http://127\.0\.0\.1:(\d+)")[1]
+        video = httpx.get(f"http://127.0.0.1:{port}/video.mp4?frames=5&size=32&seed=7", timeout=120)
+        assert video.status_code == 200 and read_mp4(video.content).frames.shape == (5, 32, 32, 3)
+        stats = line_with(r"INFO: +request 1 VideoRequest\(frames=5, size=32, seed=7.*\) completed: (.*)")[1]
+        assert "first push after " in stats and f"5 frames, {len(video.content)} bytes" in stats
+    finally:
+        process.send_signal(signal.SIGINT)  # uvicorn's own graceful shutdown
+        try:
+            process.wait(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        reader.join(timeout=60)
+    assert process.returncode == 0

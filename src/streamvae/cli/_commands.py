@@ -2,25 +2,40 @@
 ``serve`` runs the server.
 
 A job's session options are built into one checked :class:`streamvae.SessionOptions` as soon as the VAE is
-known (its value range is the decoder's), so a bad option fails before anything is decoded.
+known (its value range is the decoder's), so a bad option fails before anything is decoded. What a
+command needs (torch, diffusers, the session) is imported when it runs, so that ``--help`` and an option
+error answer without loading any of it.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
 
-import anyio
+from streamvae.cli._denormalize import channels_first, check_denormalizable, denormalize_latents
+from streamvae.cli._devices import default_device
+from streamvae.cli._inputs import (
+    CliError,
+    expected_frames,
+    load_latents,
+    load_vae,
+    output_paths,
+    read_wav,
+    vae_class_name,
+)
 
-from streamvae import SessionOptions
-from streamvae.cli._inputs import CliError, expected_frames, load_latents, load_vae, output_paths, read_wav
-from streamvae.cli._runner import DecodeJob
-from streamvae.models import as_decoder
+if TYPE_CHECKING:
+    from streamvae import SessionOptions
+    from streamvae.cli._runner import DecodeJob
 
 
-def session_options(args: argparse.Namespace, vae: Any, **extra: Any) -> SessionOptions:
-    """The options the parsed arguments give for a decode with ``vae`` (``extra``: audio)."""
+def session_options(args: argparse.Namespace, vae: Any, *, fps: Fraction, **extra: Any) -> SessionOptions:
+    """The options the parsed arguments give for a decode with ``vae`` at ``fps`` (``extra``: audio)."""
+    from streamvae import SessionOptions
+    from streamvae.models import as_decoder
+
     codec: dict[str, str] = {}
     if args.crf is not None:
         codec["crf"] = str(args.crf)
@@ -28,7 +43,7 @@ def session_options(args: argparse.Namespace, vae: Any, **extra: Any) -> Session
         codec["preset"] = args.preset
     return SessionOptions(
         value_range=as_decoder(vae).chunk_value_range,
-        fps=args.fps,
+        fps=fps,
         output=args.container,
         video_codec_options=codec,
         **extra,
@@ -37,22 +52,31 @@ def session_options(args: argparse.Namespace, vae: Any, **extra: Any) -> Session
 
 def demo_job(args: argparse.Namespace) -> DecodeJob:
     """``streamvae demo``: the embedded demo VAE and its seeded latent."""
-    from streamvae.demo import check_demo_request, demo_latent, demo_vae
+    from streamvae.cli._runner import DecodeJob
+    from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
 
     try:
         check_demo_request(args.frames, args.size)
     except ValueError as error:
         raise CliError(str(error)) from error
     vae = demo_vae()
-    options = session_options(args, vae)
+    options = session_options(args, vae, fps=Fraction(DEMO_FPS) if args.fps is None else args.fps)
     latents = demo_latent(args.frames, args.size, args.seed)
     return DecodeJob(vae, latents, [args.output], args.frames, options)
 
 
 def decode_job(args: argparse.Namespace) -> DecodeJob:
     """``streamvae decode``: saved latents, a saved VAE, optionally a WAV and a sharded decode."""
+    from streamvae.cli._runner import DecodeJob
+    from streamvae.models import as_decoder
+
+    class_name = vae_class_name(args.vae, args.subfolder)
+    if args.denormalize:
+        check_denormalizable(class_name)  # a family it cannot de-normalize is refused before anything loads
     latents = load_latents(args.latents, args.key)
-    device = args.device
+    if args.denormalize:
+        latents = channels_first(class_name, latents)
+    device = default_device() if args.device is None else args.device
     if args.shard is not None:
         from streamvae.distributed import init_distributed
 
@@ -60,18 +84,19 @@ def decode_job(args: argparse.Namespace) -> DecodeJob:
     vae = load_vae(args.vae, subfolder=args.subfolder, dtype=args.dtype, device=device)
     channels = as_decoder(vae).latent_channels
     if channels is not None and latents.shape[1] != channels:
+        hint = ""
+        if not args.denormalize and channels_first(class_name, latents).shape[1] == channels:
+            hint = " (a pipeline's frames-first latent? add --denormalize)"
         raise CliError(
             f"the latent in {args.latents} has {latents.shape[1]} channels (shape {tuple(latents.shape)}), "
-            f"but the VAE in {args.vae} takes {channels}"
+            f"but the VAE in {args.vae} takes {channels}{hint}"
         )
     audio: dict[str, Any] = {}
     if args.audio is not None:
         waveform, rate = read_wav(args.audio)
         audio = {"audio_waveforms": [waveform] * latents.shape[0], "audio_sample_rate": rate}
     if args.denormalize:
-        from streamvae.models.wan import denormalize_wan_latents
-
-        latents = denormalize_wan_latents(vae, latents)
+        latents = denormalize_latents(vae, latents)
     if args.tile:
         vae.enable_tiling()
     decoder = vae
@@ -82,14 +107,17 @@ def decode_job(args: argparse.Namespace) -> DecodeJob:
             decoder = ShardedWanDecoder(vae, shard=args.shard)
         except (TypeError, ValueError) as error:
             raise CliError(f"--shard {args.shard}: {error}") from error
-    options = session_options(args, decoder, **audio)
+    options = session_options(args, decoder, fps=args.fps, **audio)
     outputs = output_paths(args.output, latents.shape[0])
     return DecodeJob(decoder, latents, outputs, expected_frames(vae, latents.shape[2]), options)
 
 
 def run_job(args: argparse.Namespace, build: Callable[[argparse.Namespace], DecodeJob]) -> int:
     """Build the job, decode it and print its summary line."""
+    import anyio
+
     import streamvae.cli as cli  # the runner by its public name: the one a caller (a test) may replace
+    from streamvae.models import as_decoder
 
     job = build(args)
     if not as_decoder(job.vae).is_output_rank:
@@ -109,7 +137,8 @@ def serve(args: argparse.Namespace) -> int:
         from streamvae.server import serve
     except ImportError as error:
         raise CliError(
-            f"serve needs starlette and uvicorn: pip install 'streamvae[serve]' ({error})"
+            "serve needs starlette and uvicorn: pip install starlette uvicorn "
+            f"(in a checkout: pip install -e '.[serve]') ({error})"
         ) from error
     serve(
         host=args.host,

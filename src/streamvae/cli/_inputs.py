@@ -1,7 +1,8 @@
 """What the command reads: latents, a diffusers VAE, a WAV, and the output names derived from them.
 
 Every problem with an input is a :class:`CliError` whose message names the file and what is wrong with it,
-so the command can report it in one line.
+so the command can report it in one line. torch, numpy and diffusers are imported when a file is read, not
+with the module: the command's ``--help`` and its option errors need none of them.
 """
 
 from __future__ import annotations
@@ -9,11 +10,11 @@ from __future__ import annotations
 import json
 import wave
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-from torch import Tensor
+if TYPE_CHECKING:
+    import numpy as np
+    from torch import Tensor
 
 
 class CliError(Exception):
@@ -26,6 +27,8 @@ def load_latents(path: Path, key: str | None = None) -> Tensor:
     A file holding one tensor needs no ``key``; one holding several (a dict, or safetensors) needs it,
     unless one of them is called ``latents``.
     """
+    import torch
+
     if not path.is_file():
         raise CliError(f"latents file {path} does not exist")
     suffix = path.suffix.lower()
@@ -55,6 +58,8 @@ def load_latents(path: Path, key: str | None = None) -> Tensor:
 
 
 def _pick_tensor(data: object, path: Path, key: str | None) -> Tensor:
+    from torch import Tensor
+
     if isinstance(data, Tensor):
         if key is not None:
             raise CliError(f"{path} holds a single tensor, not one named {key!r}: drop --key")
@@ -77,6 +82,23 @@ def load_vae(
     directory: Path, *, subfolder: str | None = None, dtype: str = "float32", device: str = "cpu"
 ) -> Any:
     """A diffusers VAE streamvae supports, from a local ``save_pretrained`` directory."""
+    class_name = vae_class_name(directory, subfolder)
+    import diffusers
+    import torch
+
+    root = directory / subfolder if subfolder else directory
+    try:
+        vae = getattr(diffusers, class_name).from_pretrained(
+            directory, subfolder=subfolder, torch_dtype=getattr(torch, dtype)
+        )
+    except Exception as error:
+        raise CliError(f"cannot load the {class_name} in {root}: {error}") from error
+    return vae.to(device).eval()
+
+
+def vae_class_name(directory: Path, subfolder: str | None = None) -> str:
+    """The diffusers class of the VAE saved in ``directory`` (read from its config, nothing loaded), if
+    streamvae decodes it."""
     from streamvae.models import supported_classes
 
     if not directory.is_dir():
@@ -97,19 +119,13 @@ def load_vae(
             f"{root} holds a {class_name}, not a VAE streamvae decodes "
             f"(supported: {', '.join(supported_classes())})"
         )
-    import diffusers
-
-    try:
-        vae = getattr(diffusers, class_name).from_pretrained(
-            directory, subfolder=subfolder, torch_dtype=getattr(torch, dtype)
-        )
-    except Exception as error:
-        raise CliError(f"cannot load the {class_name} in {root}: {error}") from error
-    return vae.to(device).eval()
+    return str(class_name)
 
 
 def read_wav(path: Path) -> tuple[np.ndarray[Any, np.dtype[np.float32]], int]:
     """A 16-bit PCM WAV file as float32 ``[channels, samples]`` in [-1, 1], and its sample rate."""
+    import numpy as np
+
     if not path.is_file():
         raise CliError(f"audio file {path} does not exist")
     try:

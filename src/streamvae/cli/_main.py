@@ -1,4 +1,4 @@
-"""``main``: parse, run the command, and report a problem with the input as one line."""
+"""``main``: parse, run the command, and report a problem with the input, or an interrupt, as one line."""
 
 from __future__ import annotations
 
@@ -9,20 +9,26 @@ import av
 
 from streamvae.cli._inputs import CliError
 from streamvae.cli._parser import build_parser
-from streamvae.cli._runner import error_leaves
 
 # What a user's input can make the decode raise (a codec option, an output path); anything else is a bug
 # and keeps its traceback.
 _USER_ERRORS = (CliError, ValueError, TypeError, OSError, av.error.FFmpegError)
 
+#: The exit status of a run stopped by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
+_INTERRUPTED = 130
+
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (1 for a problem with the input, reported in one
-    ``streamvae: error: …`` line on stderr)."""
+    """Run the command line; returns the exit status: 1 for a problem with the input, reported in one
+    ``streamvae: error: …`` line on stderr, and 130 for Ctrl-C, reported as ``streamvae: interrupted``
+    once the decode has stopped (its partial outputs removed, files that were there before untouched)."""
     try:
         args = build_parser().parse_args(argv)
         status: int = args.run(args)
-    except Exception as error:
+    except BaseException as error:
+        if _interrupted(error):
+            print("streamvae: interrupted", file=sys.stderr)
+            return _INTERRUPTED
         reported = _user_error(error)
         if reported is None:
             raise
@@ -31,9 +37,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
+def _leaves(error: BaseException) -> list[BaseException]:
+    if not isinstance(error, BaseExceptionGroup):
+        return [error]
+    from streamvae.cli._runner import error_leaves
+
+    return error_leaves(error)
+
+
+def _interrupted(error: BaseException) -> bool:
+    """Whether Ctrl-C stopped the run (a task group may carry it beside the cancellations it caused)."""
+    return any(isinstance(leaf, KeyboardInterrupt) for leaf in _leaves(error))
+
+
 def _user_error(error: BaseException) -> BaseException | None:
     """The error to report for ``error`` if the user's input caused it (a group: its first), else None."""
-    leaves = error_leaves(error) if isinstance(error, BaseExceptionGroup) else [error]
+    leaves = _leaves(error)
     return leaves[0] if all(isinstance(leaf, _USER_ERRORS) for leaf in leaves) else None
 
 

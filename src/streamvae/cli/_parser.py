@@ -1,33 +1,36 @@
 """The command line of ``streamvae``: its commands, options and their checks.
 
-Option values the session would refuse (an fps out of range, a crf beyond 51) are refused here, by
-argparse, so they are reported as ``argument --fps: …`` before anything is loaded.
+Option values the session would refuse (an fps out of range, a crf beyond 51, a device this machine does
+not have) are refused here, by argparse, so they are reported as ``argument --fps: …`` before anything is
+loaded. Building the parser imports neither torch nor diffusers, so ``--help`` and a mistyped option
+answer at once; the checks of ``--fps`` (the session's rule, in a module that needs torch) and
+``--device`` import what they need when the option is given.
 """
 
 from __future__ import annotations
 
 import argparse
+from fractions import Fraction
 from pathlib import Path
 from typing import NoReturn
 
-import torch
-
-from streamvae._checks import check_fps
 from streamvae._codec_options import MAX_CRF, X264_PRESETS
 from streamvae.cli._commands import decode_job, demo_job, run_job, serve
+from streamvae.cli._devices import parse_device
 from streamvae.cli._inputs import CliError
 
 
-def _fps(text: str) -> float:
+def _fps(text: str) -> Fraction:
+    from streamvae._checks import check_fps
+
     try:
         fps = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     try:
-        check_fps(fps)  # the session's own rule, checked before anything is decoded
+        return check_fps(fps)  # the session's own rule, checked before anything is decoded
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return fps
 
 
 def _crf(text: str) -> int:
@@ -47,8 +50,8 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{message} (see {self.prog} --help)")
 
 
-def _add_encode_options(parser: argparse.ArgumentParser, *, fps: float) -> None:
-    parser.add_argument("--fps", type=_fps, default=fps, help=f"frames per second (default {fps:g})")
+def _add_encode_options(parser: argparse.ArgumentParser, *, fps: Fraction | None, fps_help: str) -> None:
+    parser.add_argument("--fps", type=_fps, default=fps, help=f"frames per second (default {fps_help})")
     parser.add_argument(
         "--crf", type=_crf, help="x264 constant rate factor, 0–51 (default 18; lower is better)"
     )
@@ -66,8 +69,6 @@ def _add_encode_options(parser: argparse.ArgumentParser, *, fps: float) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``streamvae``; each command's ``run(args)`` returns the exit status."""
-    from streamvae.demo import DEMO_FPS
-
     parser = _Parser(prog="streamvae", description="Stream a video VAE's decode into MP4.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -76,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--frames", type=int, default=65, help="1 + 4k frames (default 65)")
     demo.add_argument("--size", type=int, default=256, help="width = height, a multiple of 16 (default 256)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the latent (default 0)")
-    _add_encode_options(demo, fps=DEMO_FPS)
+    # None: the demo's own rate (streamvae.demo.DEMO_FPS), read when it runs: that module imports diffusers.
+    _add_encode_options(demo, fps=None, fps_help="16, the demo's")
     demo.set_defaults(run=lambda args: run_job(args, demo_job))
 
     decode = commands.add_parser("decode", help="decode saved latents with a local diffusers VAE")
@@ -90,16 +92,19 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument(
         "--denormalize",
         action="store_true",
-        help="the latents are a Wan pipeline's output_type='latent' (normalized): de-normalize first",
+        help="the latents are a pipeline's output_type='latent' (normalized; Wan, Qwen-Image, HunyuanVideo, "
+        "CogVideoX): de-normalize them as the pipeline does before vae.decode",
     )
     decode.add_argument(
         "--shard",
         choices=["height", "width"],
         help="split each frame across the ranks of a torchrun launch (Wan family; rank 0 writes the MP4)",
     )
-    decode.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    decode.add_argument(
+        "--device", type=parse_device, help="cpu, cuda or cuda:N (default cuda where there is one, else cpu)"
+    )
     decode.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
-    _add_encode_options(decode, fps=16)
+    _add_encode_options(decode, fps=Fraction(16), fps_help="16")
     decode.set_defaults(run=lambda args: run_job(args, decode_job))
 
     command = commands.add_parser("serve", help="serve the demo: a page with a video streamed as it decodes")
