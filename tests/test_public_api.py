@@ -49,10 +49,23 @@ def test_every_exported_name_is_importable_and_no_helper_is_exported() -> None:
         assert helper not in streamvae.__all__
 
 
-def test_public_objects_show_as_streamvae_names() -> None:
+def test_public_objects_show_as_streamvae_names_wherever_they_are_imported_from() -> None:
     for name in streamvae.__all__:
-        assert getattr(streamvae, name).__module__ == "streamvae", name
+        home = importlib.import_module(f"streamvae.{streamvae._HOMES[name]}")
+        assert getattr(home, name) is getattr(streamvae, name), name  # the map names the real home
+        assert getattr(home, name).__module__ == "streamvae", name  # marked @public where it is defined
     assert repr(streamvae.ChunkedVideoMP4Session) == "<class 'streamvae.ChunkedVideoMP4Session'>"
+    assert sorted(streamvae._HOMES) == sorted(streamvae.__all__)
+
+
+def test_importing_streamvae_imports_neither_torch_nor_pyav() -> None:
+    # The names load on first use: a CLI's --help (and anything that only needs a name) answers at once.
+    code = "import sys, streamvae; print(sorted({'torch', 'av', 'diffusers'} & set(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+    code = "import sys; from streamvae import SessionOptions; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "True"  # a name in use loads what it needs
 
 
 @pytest.mark.parametrize("module", sorted(DOCUMENTED))

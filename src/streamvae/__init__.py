@@ -2,19 +2,56 @@
 
 A causal VAE publishes each temporal chunk as soon as it is final; streamvae moves it through quantize →
 host transfer → H.264 encode while later chunks still decode. Runs on asyncio and trio (through anyio).
+
+The public names load on first use (PEP 562): ``import streamvae`` itself imports neither torch nor PyAV,
+so a command's ``--help`` answers at once; ``from streamvae import decode_to_mp4`` imports what that needs.
 """
 
-from streamvae._decode import decode_to_mp4, stream_mp4
-from streamvae._errors import RingAbortedError, SessionClosedError, StreamVAEError, UnreadStreamError
-from streamvae._latent_stream import LatentStream, LatentStreamStatistics, open_latent_stream
-from streamvae._options import SessionKeywords, SessionOptions
-from streamvae._pipeline import StageSpan
-from streamvae._protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
-from streamvae._quantize import quantize_chunk, quantize_chunk_yuv420
-from streamvae._session import ChunkedVideoMP4Session
-from streamvae._sinks import MP4ByteStream, read_entries
-from streamvae._statistics import SessionStatistics
-from streamvae._transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streamvae._decode import decode_to_mp4, stream_mp4
+    from streamvae._errors import RingAbortedError, SessionClosedError, StreamVAEError, UnreadStreamError
+    from streamvae._latent_stream import LatentStream, LatentStreamStatistics, open_latent_stream
+    from streamvae._options import SessionKeywords, SessionOptions
+    from streamvae._pipeline import StageSpan
+    from streamvae._protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
+    from streamvae._quantize import quantize_chunk, quantize_chunk_yuv420
+    from streamvae._session import ChunkedVideoMP4Session
+    from streamvae._sinks import MP4ByteStream, read_entries
+    from streamvae._statistics import SessionStatistics
+    from streamvae._transfer import ChunkLease, ChunkTransferStats, PinnedChunkRing
+
+#: each public name → the private module that defines it
+_HOMES = {
+    "ChunkLease": "_transfer",
+    "ChunkPublisher": "_protocol",
+    "ChunkTransferStats": "_transfer",
+    "ChunkedVideoMP4Session": "_session",
+    "LatentStream": "_latent_stream",
+    "LatentStreamStatistics": "_latent_stream",
+    "MP4ByteStream": "_sinks",
+    "PinnedChunkRing": "_transfer",
+    "RingAbortedError": "_errors",
+    "SessionClosedError": "_errors",
+    "SessionKeywords": "_options",
+    "SessionOptions": "_options",
+    "SessionStatistics": "_statistics",
+    "StageSpan": "_pipeline",
+    "StreamVAEError": "_errors",
+    "SupportsChunkedVAEDecode": "_protocol",
+    "UnreadStreamError": "_errors",
+    "decode_to_mp4": "_decode",
+    "open_latent_stream": "_latent_stream",
+    "publish_chunks": "_protocol",
+    "quantize_chunk": "_quantize",
+    "quantize_chunk_yuv420": "_quantize",
+    "read_entries": "_sinks",
+    "stream_mp4": "_decode",
+}
 
 __all__ = [
     "ChunkLease",
@@ -45,8 +82,15 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-# Public objects show where users import them from (``streamvae.ChunkedVideoMP4Session``), not the private
-# module that implements them, as anyio's and httpx's do: in reprs, tracebacks and documentation.
-for _name in __all__:
-    globals()[_name].__module__ = __name__
-del _name
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'streamvae' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"streamvae.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

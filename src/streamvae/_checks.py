@@ -11,18 +11,21 @@ everywhere:
 
 Each error names the argument and the form it expects, and, given ``owner``, the function the user called
 (``"decode_to_mp4: fps must be …"``). Latent and chunk checks read shapes and dtypes only, never tensor
-data, so they may run on an event loop.
+data, so they may run on an event loop. torch and numpy are imported by the checks that take their
+objects, so a command line's option checks answer without loading them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import numpy as np
-from torch import Tensor
+
+if TYPE_CHECKING:
+    import numpy as np
+    from torch import Tensor
 
 __all__ = [
     "MAX_FPS",
@@ -130,6 +133,8 @@ def check_latents(z: object, channels: int | None, *, owner: str, name: str = "z
     Whole latents and the pieces of a latent stream are checked alike: a piece is a latent too. Integer,
     bool and complex latents are refused, as ``vae.decode`` refuses them, instead of being cast.
     """
+    from torch import Tensor  # here, not at the top: a CLI's option check needs no torch
+
     expected = f"[batch, {'channels' if channels is None else channels}, frames, height, width]"
     if not isinstance(z, Tensor):
         raise TypeError(f"{owner}: {name} must be a torch.Tensor {expected}, got {type(z).__name__}")
@@ -154,6 +159,8 @@ def check_latents(z: object, channels: int | None, *, owner: str, name: str = "z
 def check_chunk(chunk: object, *, owner: str = "push") -> Tensor:
     """``chunk`` if it is a video chunk a session takes: a floating-point BCTHW tensor with 3 (RGB)
     channels and at least one frame of at least 1×1 pixels; else a TypeError or ValueError."""
+    from torch import Tensor
+
     expected = "[batch, 3, frames, height, width]"
     if not isinstance(chunk, Tensor):
         raise TypeError(f"{owner}: chunk must be a torch.Tensor {expected}, got {type(chunk).__name__}")
@@ -175,6 +182,9 @@ def check_chunk(chunk: object, *, owner: str = "push") -> Tensor:
 
 def check_waveform(waveform: object, *, name: str) -> np.ndarray[Any, np.dtype[np.float32]]:
     """A waveform as float32 ``[channels, samples]`` (1 or 2 channels), or a ValueError naming ``name``."""
+    import numpy as np
+    from torch import Tensor
+
     # Integer, bool and complex tensors are refused like such arrays, not cast: a cast would hide them.
     if isinstance(waveform, Tensor) and waveform.is_floating_point():
         waveform = waveform.detach().cpu().float().numpy()

@@ -19,6 +19,7 @@ from torch import Tensor
 from streamvae._checks import check_callable, check_int, check_limiter
 from streamvae._decode_worker import chunk_bridge, run_decode, run_decode_worker
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
+from streamvae._public import public
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
 from streamvae.models import ChunkedDecoder, as_decoder
@@ -26,6 +27,7 @@ from streamvae.models import ChunkedDecoder, as_decoder
 __all__ = ["decode_to_mp4", "stream_mp4"]
 
 
+@public
 async def decode_to_mp4(
     vae: Any,
     z: Tensor,
@@ -81,6 +83,7 @@ async def decode_to_mp4(
         return await session.finish()
 
 
+@public
 def stream_mp4(
     vae: Any,
     z: Tensor,

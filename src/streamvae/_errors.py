@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import anyio
 
+from streamvae._public import public
+
 __all__ = [
     "STREAM_ENDED",
     "RingAbortedError",
@@ -23,18 +25,22 @@ __all__ = [
 STREAM_ENDED = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
 
 
+@public
 class StreamVAEError(Exception):
     """Base of every error streamvae defines."""
 
 
+@public
 class SessionClosedError(StreamVAEError, RuntimeError):
     """The session no longer accepts chunks (finished, aborted, or not entered)."""
 
 
+@public
 class RingAbortedError(StreamVAEError, RuntimeError):
     """The transfer ring was aborted without a more specific error."""
 
 
+@public
 class UnreadStreamError(StreamVAEError, RuntimeError):
     """A reader waits for an entry's bytes that cannot come, because another entry's stream is unread.
 

@@ -32,6 +32,7 @@ from streamvae._decode_worker import (
 from streamvae._errors import SessionClosedError
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
 from streamvae._protocol import publish_chunks
+from streamvae._public import public
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
 from streamvae.models import ChunkedDecoder, DecodeState, as_decoder
@@ -42,6 +43,7 @@ _OWNER = "open_latent_stream"
 _DIMS = ("batch", "channels", "height", "width")
 
 
+@public
 def open_latent_stream(
     vae: object,
     *,
@@ -109,6 +111,7 @@ async def _opened(
             stream._leave()
 
 
+@public
 @dataclass(frozen=True)
 class LatentStreamStatistics:
     """A snapshot of a :class:`LatentStream`'s counters (:meth:`LatentStream.statistics`)."""
@@ -119,6 +122,7 @@ class LatentStreamStatistics:
     chunks_pushed: int  # chunks handed to the session
 
 
+@public
 class LatentStream:
     """Latent pieces in, MP4 bytes out: what :func:`open_latent_stream` yields.
 

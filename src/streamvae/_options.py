@@ -29,6 +29,7 @@ from torch import Tensor
 from streamvae._checks import check_bool, check_choice, check_fps, check_int, check_limiter, check_waveform
 from streamvae._codec_options import OutputKind, check_video_codec
 from streamvae._output_file import check_output_files
+from streamvae._public import public
 from streamvae._quantize import PixelFormat, check_value_range
 
 __all__ = [
@@ -46,6 +47,7 @@ _MAX_C_INT = 2**31 - 1
 Waveform = np.ndarray[Any, np.dtype[np.float32]]
 
 
+@public
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SessionOptions:
     """Every option of a :class:`streamvae.ChunkedVideoMP4Session`, checked and normalized when built.
@@ -238,6 +240,7 @@ def _check_audio(waveforms: object, sample_rate: object) -> tuple[Waveform | Non
     )
 
 
+@public
 class SessionKeywords(TypedDict, total=False):
     """The keywords of :class:`SessionOptions`, as entry points take them (``**options:
     Unpack[SessionKeywords]``): the forms each option accepts, before it is normalized.

@@ -45,6 +45,7 @@ from streamvae._encode import EntryEncoder, open_entry_encoders
 from streamvae._errors import STREAM_ENDED, RingAbortedError
 from streamvae._failure import FailureRecord
 from streamvae._options import SessionOptions
+from streamvae._public import public
 from streamvae._quantize import ChunkQuantizer, PixelFormat
 from streamvae._sinks import EntrySink, MP4ByteStream, watch_readers
 from streamvae._statistics import LatencyRecorder
@@ -53,6 +54,7 @@ from streamvae._transfer import ChunkLease, PinnedChunkRing, host_lease
 __all__ = ["StagePipeline", "StageSpan"]
 
 
+@public
 @dataclass(frozen=True)
 class StageSpan:
     """One piece of work of a stage, in ``time.perf_counter()`` seconds (``record_timeline=True``)."""

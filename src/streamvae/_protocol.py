@@ -15,9 +15,12 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from streamvae._public import public
+
 __all__ = ["ChunkPublisher", "SupportsChunkedVAEDecode", "publish_chunks"]
 
 
+@public
 @runtime_checkable
 class SupportsChunkedVAEDecode(Protocol):
     """A VAE decoder that publishes its output one final temporal chunk at a time.
@@ -45,6 +48,7 @@ class SupportsChunkedVAEDecode(Protocol):
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None: ...
 
 
+@public
 class ChunkPublisher:
     """Applies the protocol's failure rule around an ``on_chunk`` callback.
 
@@ -99,6 +103,7 @@ def _clear_plain_frames(tb: TracebackType | None) -> None:
         tb = tb.tb_next
 
 
+@public
 def publish_chunks(
     chunks: Iterator[Tensor], on_chunk: Callable[[Tensor], None], *, drain: bool = False
 ) -> None:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from streamvae._checks import check_choice, check_chunk, prefixed
+from streamvae._public import public
 
 __all__ = [
     "ChunkQuantizer",
@@ -224,6 +225,7 @@ def _weighted_sum(r: Tensor, g: Tensor, b: Tensor, *, out: Tensor, tmp: Tensor) 
     out.add_(torch.mul(b, _KB, out=tmp))
 
 
+@public
 def quantize_chunk(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
     """BCTHW float in ``value_range`` → contiguous BTHWC uint8 (rgb24) on the same device.
 
@@ -232,6 +234,7 @@ def quantize_chunk(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
     return _quantize(chunk, value_range, "rgb24", owner="quantize_chunk")
 
 
+@public
 def quantize_chunk_yuv420(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
     """BCTHW float in ``value_range`` → planar yuv420p frames, ``[B, T, H * 3 // 2, W]`` uint8, same device.
 

@@ -31,6 +31,7 @@ from streamvae._errors import STREAM_ENDED, SessionClosedError
 from streamvae._failure import FailureRecord
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
 from streamvae._pipeline import StagePipeline, StageSpan
+from streamvae._public import public
 from streamvae._quantize import PixelFormat
 from streamvae._sinks import Arrivals, MP4ByteStream
 from streamvae._statistics import LatencyRecorder, SessionStatistics
@@ -39,6 +40,7 @@ from streamvae._transfer import ChunkTransferStats, PinnedChunkRing
 __all__ = ["ChunkedVideoMP4Session"]
 
 
+@public
 class ChunkedVideoMP4Session:
     """Streams pushed BCTHW video chunks into one MP4 per batch entry.
 

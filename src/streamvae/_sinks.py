@@ -17,6 +17,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectStreamSt
 
 from streamvae._errors import SessionClosedError, UnreadStreamError
 from streamvae._failure import FailureRecord
+from streamvae._public import public
 
 __all__ = ["Arrivals", "EntrySink", "MP4ByteStream", "read_entries", "watch_readers"]
 
@@ -35,6 +36,7 @@ class Arrivals:
         arrived.set()
 
 
+@public
 class MP4ByteStream:
     """One entry's MP4 bytes as they are written; iterate it with ``async for``.
 
@@ -159,6 +161,7 @@ class EntrySink:
         return b"".join(self.parts)
 
 
+@public
 async def read_entries(streams: Sequence[MP4ByteStream]) -> AsyncIterator[tuple[int, bytes]]:
     """Every entry's MP4 bytes as ``(entry, data)``, in the order they are written, until all are complete.
 

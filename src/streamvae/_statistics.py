@@ -13,9 +13,12 @@ from array import array
 from collections import deque
 from dataclasses import dataclass
 
+from streamvae._public import public
+
 __all__ = ["LatencyRecorder", "SessionStatistics"]
 
 
+@public
 @dataclass(frozen=True)
 class SessionStatistics:
     """A snapshot of :meth:`streamvae.ChunkedVideoMP4Session.statistics`: what the session has done and

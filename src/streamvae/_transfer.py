@@ -32,6 +32,7 @@ from torch import Tensor
 from streamvae._checks import check_int
 from streamvae._cuda import ready_event
 from streamvae._errors import RingAbortedError
+from streamvae._public import public
 
 __all__ = ["ChunkLease", "ChunkTransferStats", "PinnedChunkRing", "host_lease"]
 
@@ -57,6 +58,7 @@ def _copy_stream(device: torch.device) -> Any:
         return stream
 
 
+@public
 @dataclass(frozen=True)
 class ChunkTransferStats:
     """What a :class:`PinnedChunkRing` has done so far."""
@@ -96,6 +98,7 @@ class _Slot:
         return self.extra
 
 
+@public
 class ChunkLease:
     """A chunk's claim on a ring slot, shared by its readers (one per batch entry).
 
@@ -246,6 +249,7 @@ def _check_device(device: object) -> torch.device:
     return checked
 
 
+@public
 class PinnedChunkRing:
     """A fixed pool of ``depth`` reusable host slots for device → host chunk copies.
 
