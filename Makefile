@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,serve,bench]'
 	$(PY) bench/pipeline.py
 	$(PY) bench/wan.py
+	$(PY) bench/generate.py
 	$(PY) bench/producers.py
 	$(PY) bench/distributed.py
 	$(PY) bench/encode_budget.py
