@@ -17,6 +17,7 @@ objects, so a command line's option checks answer without loading them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,7 @@ __all__ = [
     "check_int",
     "check_latents",
     "check_limiter",
+    "check_seconds",
     "check_waveform",
     "prefixed",
 ]
@@ -99,6 +101,16 @@ def check_fps(fps: object, *, owner: str | None = None) -> Fraction:
             prefixed(owner, f"fps must be a number between 1/1000 and 1000 frames per second, got {fps!r}")
         )
     return Fraction(fps).limit_denominator(1001)
+
+
+def check_seconds(name: str, value: object, *, owner: str | None = None) -> float:
+    """``value`` if it is a positive, finite number of seconds (not a bool), else a ValueError naming
+    ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(
+            prefixed(owner, f"{name} must be a positive, finite number of seconds, got {value!r}")
+        )
+    return value
 
 
 def check_limiter(name: str, value: object, *, owner: str | None = None) -> anyio.CapacityLimiter | None:

@@ -2,8 +2,13 @@
 
 ``GET /`` is a page with a ``<video>`` element and a form (frames, size, seed); ``GET /video.mp4?frames=
 &size=&seed=`` decodes the embedded demo latent (or your own, see :func:`create_app`) and streams the MP4 as
-each fragment is written; ``GET /stats`` reports the decodes in flight. Mount :func:`create_app`'s app in
-your own ASGI server, or run ``streamvae serve`` (uvicorn, :func:`serve`).
+each fragment is written; ``GET /stats`` reports the decodes in flight; ``WS /v1/realtime/video`` speaks
+vllm-omni's real-time protocol (:func:`realtime_video_endpoint`). Mount :func:`create_app`'s app in your
+own ASGI server, or run ``streamvae serve`` (uvicorn, :func:`serve`).
+
+Your own routes: return :class:`MP4Response` (``return MP4Response(stream_mp4(vae, z, fps=16))``), which
+owns the decode's lifetime, and mount :func:`realtime_video_endpoint` with your generator;
+:class:`MediaTimePacer` paces fragments to their media time.
 
 Admission: at most ``max_concurrent`` decodes run at once and at most ``max_queued`` requests wait for one,
 first come first served; a request beyond both is answered 503 with ``Retry-After`` at once, because a
@@ -17,6 +22,21 @@ chunk and its session closes (no container, thread or slot outlives the request)
 
 from streamvae.server._admission import ServerStats
 from streamvae.server._app import ServerEvent, VideoRequest, create_app
+from streamvae.server._pacing import MediaTimePacer, PacerStatistics
+from streamvae.server._response import MP4Response
 from streamvae.server._serve import serve
+from streamvae.server._websocket import LatentGenerator, demo_generator, realtime_video_endpoint
 
-__all__ = ["ServerEvent", "ServerStats", "VideoRequest", "create_app", "serve"]
+__all__ = [
+    "LatentGenerator",
+    "MP4Response",
+    "MediaTimePacer",
+    "PacerStatistics",
+    "ServerEvent",
+    "ServerStats",
+    "VideoRequest",
+    "create_app",
+    "demo_generator",
+    "realtime_video_endpoint",
+    "serve",
+]

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from fractions import Fraction
@@ -28,13 +27,14 @@ from typing import Any, Literal
 import anyio
 from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 from torch import Tensor
 
-from streamvae._checks import check_callable, check_fps, check_int, check_limiter
+from streamvae._checks import check_bool, check_callable, check_fps, check_int, check_limiter, check_seconds
 from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
 from streamvae._options import SessionOptions, check_option_dict
@@ -44,7 +44,10 @@ from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
 from streamvae.models import as_decoder
 from streamvae.server._admission import Admission, Outcome
 from streamvae.server._latency import LatencyWindow
+from streamvae.server._pacing import MediaTimePacer
 from streamvae.server._realtime import parse_realtime, realtime_mp4
+from streamvae.server._response import MP4Response, ReaderStalledError
+from streamvae.server._websocket import LatentGenerator, realtime_video_endpoint
 
 logger = logging.getLogger("streamvae.server")
 
@@ -94,8 +97,12 @@ def create_app(
     session_options: dict[str, Any] | None = None,
     encode_limiter: anyio.CapacityLimiter | None = None,
     on_event: Callable[[ServerEvent], None] | None = None,
+    generator: LatentGenerator | None = None,
+    pace: bool = False,
 ) -> Starlette:
-    """The streaming app: ``/`` (page), ``/video.mp4`` (the decode, streamed) and ``/stats``.
+    """The streaming app: ``/`` (page), ``/video.mp4`` (the decode, streamed), ``/stats`` and
+    ``WS /v1/realtime/video`` (the real-time protocol of vllm-omni's route, see
+    :func:`streamvae.server.realtime_video_endpoint`).
 
     - ``vae``: what decodes (a diffusers VAE streamvae supports, or any
       :class:`streamvae.SupportsChunkedVAEDecode`); default the embedded :func:`streamvae.demo.demo_vae`.
@@ -117,6 +124,13 @@ def create_app(
       ``session_options`` pins ``threads``. Without a shared budget each of N concurrent requests would
       start its own multi-threaded encoder, and N × threads encoder threads would fight for the cores.
     - ``on_event``: called on the server's event loop with each :class:`ServerEvent`; keep it quick.
+    - ``generator``: what ``WS /v1/realtime/video`` decodes: a function of the client's ``session.start``
+      message (a dict) returning an async iterator of latent pieces ``[1, C, t, H, W]`` for
+      :func:`streamvae.open_latent_stream` on ``vae``; default the seeded stand-in
+      (:func:`streamvae.server.demo_generator`: ``num_frames``, ``width``, ``height``, ``seed`` from the
+      start message, within ``max_frames`` and ``max_size``).
+    - ``pace``: send the WebSocket's fragments no earlier than their media time
+      (:class:`streamvae.server.MediaTimePacer`), instead of as soon as they are written.
 
     Every argument is checked here, before any request: a bad value is a ValueError, an object of the
     wrong kind (``vae``, ``latents``, ``encode_limiter``, ...) a TypeError, each naming create_app and the
@@ -133,19 +147,21 @@ def create_app(
     checked_fps = check_fps(fps, owner=owner)
     check_int("max_concurrent", max_concurrent, minimum=1, owner=owner)
     check_int("max_queued", max_queued, minimum=0, owner=owner)
-    _check_seconds("stall_timeout", stall_timeout, owner=owner)
+    check_seconds("stall_timeout", stall_timeout, owner=owner)
     check_int("retry_after", retry_after, minimum=0, owner=owner)
     check_int("max_frames", max_frames, minimum=1, owner=owner)
     check_int("max_size", max_size, minimum=1, owner=owner)
     check_limiter("encode_limiter", encode_limiter, owner=owner)
     check_callable("on_event", on_event, owner=owner)  # a function of a ServerEvent
+    check_callable("generator", generator, owner=owner)  # a function of a session.start message
+    check_bool("pace", pace, owner=owner)
     if vae is None:
         vae = demo_vae()
     decoder = as_decoder(vae, owner=owner)
     options = _checked_session_options(
         session_options, value_range=decoder.chunk_value_range, fps=checked_fps
     )
-    endpoint = _VideoEndpoint(
+    videos = _Videos(
         vae=vae,
         latents=latents if latents is not None else _demo_latent,
         max_concurrent=max_concurrent,
@@ -163,30 +179,45 @@ def create_app(
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
 
+    async def video(request: Request) -> Response:
+        return videos.response(request.query_params)
+
+    realtime: list[Callable[[WebSocket], Awaitable[None]]] = []
+
+    async def realtime_video(websocket: WebSocket) -> None:
+        if not realtime:  # built on the loop, with the app's session options and decode limiter
+            realtime.append(
+                realtime_video_endpoint(
+                    vae,
+                    generator=generator,
+                    options=videos.session_options,
+                    decode_limiter=videos.decode_limiter,
+                    pacer=MediaTimePacer if pace else None,
+                    max_frames=max_frames,
+                    max_size=max_size,
+                )
+            )
+        await realtime[0](websocket)
+
     async def stats(request: Request) -> Response:
         return JSONResponse(
             {
-                **asdict(endpoint.admission.stats),
+                **asdict(videos.admission.stats),
                 "open_containers": open_containers(),
-                "latency": endpoint.latency.summary(),
+                "latency": videos.latency.summary(),
             }
         )
 
     app = Starlette(
         routes=[
             Route("/", index),
-            Route("/video.mp4", endpoint, methods=["GET"]),
+            Route("/video.mp4", video, methods=["GET"]),
             Route("/stats", stats),
+            WebSocketRoute("/v1/realtime/video", realtime_video),
         ]
     )
-    app.state.stats = endpoint.admission.stats
+    app.state.stats = videos.admission.stats
     return app
-
-
-def _check_seconds(name: str, value: object, *, owner: str) -> None:
-    """A ValueError naming ``name`` unless ``value`` is a positive, finite number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{owner}: {name} must be a positive, finite number of seconds, got {value!r}")
 
 
 #: the session options create_app sets from its own arguments
@@ -238,12 +269,14 @@ def _demo_latent(request: VideoRequest) -> Tensor:
     return demo_latent(request.frames, request.size, request.seed)
 
 
-class _Stalled(Exception):
-    """The reader accepted no bytes for ``stall_timeout`` seconds."""
+class _Videos:
+    """What ``GET /video.mp4`` serves: each request's admission, latent and decode, as the context manager
+    its :class:`MP4Response` enters when it is sent, with the request's events and latency numbers.
 
-
-class _VideoEndpoint:
-    """``GET /video.mp4``, a plain ASGI app: it needs the ``receive`` channel to notice a disconnect."""
+    The response owns the HTTP side (the status line with the first fragment, the cut-off on a disconnect
+    or a stall); this owns what a request holds — a queue place, then a slot, then a session — from the
+    moment the response is sent to the moment its decode has stopped.
+    """
 
     def __init__(
         self,
@@ -294,39 +327,15 @@ class _VideoEndpoint:
             self._session_options = dataclasses.replace(self.options, encode_limiter=budget)
         return self._session_options
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def response(self, query: QueryParams) -> Response:
+        """The response to a ``/video.mp4`` query: a 400 naming a bad value, else the streamed video."""
         try:
-            request = self._parse(QueryParams(scope.get("query_string", b"")))
+            request = self._parse(query)
         except ValueError as error:
-            await PlainTextResponse(f"{error}\n", status_code=400)(scope, receive, send)
-            return
-        self.requests += 1
-        number = self.requests
-        ticket = self.admission.try_enter()
-        if ticket is None:
-            self._emit("rejected", request, number)
-            busy = PlainTextResponse(
-                "busy: every decode slot and queue place is taken, retry later\n",
-                status_code=503,
-                headers={"Retry-After": str(self.retry_after)},
-            )
-            await busy(scope, receive, send)
-            return
-        self._emit("queued", request, number)
-        outcome: Outcome = "disconnected"
-        sessions: list[ChunkedVideoMP4Session] = []
-        try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._cancel_on_disconnect, receive, group.cancel_scope)
-                await ticket.start()
-                self._emit("started", request, number)
-                outcome = await self._stream(request, scope, send, sessions.append)
-                group.cancel_scope.cancel()  # the response is over: stop watching for a disconnect
-        finally:
-            ticket.end(outcome)
-            if sessions:
-                self.latency.record(number, request, outcome, sessions[0].statistics())
-            self._emit(outcome, request, number)
+            return PlainTextResponse(f"{error}\n", status_code=400)
+        return MP4Response(
+            self._video(request), stall_timeout=self.stall_timeout, headers={"cache-control": "no-store"}
+        )
 
     def _parse(self, query: QueryParams) -> VideoRequest:
         """The request, or a ValueError (a 400) for any value the decode would not accept: a value that
@@ -340,46 +349,45 @@ class _VideoEndpoint:
             check_demo_request(request.frames, request.size)
         return request
 
-    @staticmethod
-    async def _cancel_on_disconnect(receive: Receive, scope: anyio.CancelScope) -> None:
-        while True:
-            message: Message = await receive()
-            if message["type"] == "http.disconnect":
-                scope.cancel()
-                return
-
-    async def _stream(
-        self,
-        request: VideoRequest,
-        scope: Scope,
-        send: Send,
-        on_session: Callable[[ChunkedVideoMP4Session], None],
-    ) -> Outcome:
-        """Decode ``request`` and send its MP4 as it is written; return how the response ended."""
-        started = False
+    @asynccontextmanager
+    async def _video(self, request: VideoRequest) -> AsyncIterator[MP4ByteStream]:
+        """One request's life, entered when its response is sent: a 503 (an ``HTTPException`` the
+        response answers) when every slot and queue place is taken, else a queue place, a slot, the
+        latent and the decode, each given back when the response ends, however it ends."""
+        self.requests += 1
+        number = self.requests
+        ticket = self.admission.try_enter()
+        if ticket is None:
+            self._emit("rejected", request, number)
+            raise HTTPException(
+                503,
+                "busy: every decode slot and queue place is taken, retry later",
+                headers={"Retry-After": str(self.retry_after)},
+            )
+        self._emit("queued", request, number)
+        outcome: Outcome = "disconnected"  # a cancellation: the response saw the client go
+        sessions: list[ChunkedVideoMP4Session] = []
         try:
-            z = await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)
-            async with self._video(request, [z], on_session) as video:
-                del z
-                async for data in video:
-                    if not started:
-                        # Headers go with the first bytes, so a decode that fails at once is still a 500.
-                        await self._send(send, _response_start())
-                        started = True
-                    await self._send(send, {"type": "http.response.body", "body": data, "more_body": True})
-            await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
-        except _Stalled:
-            logger.warning("cut off a reader that accepted nothing for %s s", self.stall_timeout)
-            return "stalled"  # the response stays incomplete: the server closes the connection
+            await ticket.start()
+            self._emit("started", request, number)
+            latent = [await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)]
+            async with self._decode(request, latent, sessions.append) as stream:
+                yield stream
+            outcome = "completed"  # every byte was sent: the response ends once its session is closed
+        except ReaderStalledError:
+            outcome = "stalled"
+            raise
         except Exception:
-            logger.exception("the decode of %s failed", request)
-            if not started:
-                await PlainTextResponse("the decode failed\n", status_code=500)(scope, _no_receive, send)
-            return "failed"
-        return "completed"
+            outcome = "failed"
+            raise
+        finally:
+            ticket.end(outcome)
+            if sessions:
+                self.latency.record(number, request, outcome, sessions[0].statistics())
+            self._emit(outcome, request, number)
 
     @asynccontextmanager
-    async def _video(
+    async def _decode(
         self,
         request: VideoRequest,
         latent: list[Tensor],
@@ -412,26 +420,6 @@ class _VideoEndpoint:
             async with videos as (stream,):
                 yield stream
 
-    async def _send(self, send: Send, message: Message) -> None:
-        # A send waits while the client's TCP window is full: that wait is what a stalled reader costs.
-        try:
-            with anyio.fail_after(self.stall_timeout):
-                await send(message)
-        except TimeoutError:
-            raise _Stalled from None
-
     def _emit(self, kind: EventKind, request: VideoRequest, number: int) -> None:
         if self.on_event is not None:
             self.on_event(ServerEvent(kind, request, number))
-
-
-def _response_start() -> Message:
-    return {
-        "type": "http.response.start",
-        "status": 200,
-        "headers": [(b"content-type", b"video/mp4"), (b"cache-control", b"no-store")],
-    }
-
-
-async def _no_receive() -> Message:
-    return {"type": "http.disconnect"}

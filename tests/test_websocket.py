@@ -1,0 +1,530 @@
+"""``WS /v1/realtime/video``: vllm-omni's protocol, served by a Starlette app around the endpoint.
+
+Most tests drive the endpoint's ASGI app directly from the test's task (a connection is two memory
+streams), so they run on asyncio and trio and every wait has a hang guard; one runs it under uvicorn with a
+real WebSocket client.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from fractions import Fraction
+from typing import Any
+
+import anyio
+import av
+import numpy as np
+import pytest
+import torch
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.types import ASGIApp, Message
+
+from streamvae import SessionOptions, decode_to_mp4
+from streamvae.demo import demo_latent, demo_vae
+from streamvae.server import create_app
+from streamvae.server._pacing import MediaTimePacer
+from streamvae.server._websocket import (
+    MAX_CONTROL_BYTES,
+    MAX_START_BYTES,
+    realtime_video_endpoint,
+)
+from streamvae.testing import foreign_threads, open_containers
+from tests._media import DETERMINISTIC_X264, read_mp4
+from tests._server import running_server
+
+PATH = "/v1/realtime/video"
+#: seconds any one wait of a test may take before the test fails instead of hanging
+HANG = 120.0
+PINNED = SessionOptions(
+    value_range=(-1.0, 1.0), fps=Fraction(16), output="fragmented", video_codec_options=DETERMINISTIC_X264
+)
+
+
+@pytest.fixture(scope="module")
+def vae() -> Any:
+    return demo_vae()
+
+
+def app_of(vae: Any, **keywords: Any) -> Starlette:
+    return Starlette(routes=[WebSocketRoute(PATH, realtime_video_endpoint(vae, options=PINNED, **keywords))])
+
+
+# -- a WebSocket client over ASGI --
+
+
+class Client:
+    """One connection to the app, from the test's side: what it sends, what it receives."""
+
+    def __init__(self, to_app: Any, from_app: Any) -> None:
+        self._to_app = to_app
+        self._from_app = from_app
+        self.left = False
+
+    async def send_json(self, message: object) -> None:
+        await self.send_text(json.dumps(message))
+
+    async def send_text(self, text: str) -> None:
+        await self._to_app.send({"type": "websocket.receive", "text": text})
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self._to_app.send({"type": "websocket.receive", "bytes": data})
+
+    async def receive(self) -> Message:
+        with anyio.fail_after(HANG):
+            message: Message = await self._from_app.receive()
+        return message
+
+    async def receive_json(self) -> dict[str, Any]:
+        message = await self.receive()
+        assert message["type"] == "websocket.send" and message.get("text") is not None, message
+        parsed: dict[str, Any] = json.loads(message["text"])
+        return parsed
+
+    async def receive_bytes(self) -> bytes:
+        message = await self.receive()
+        assert message["type"] == "websocket.send" and message.get("bytes") is not None, message
+        data: bytes = message["bytes"]
+        return data
+
+    async def closed(self) -> int:
+        """The close code the server ended the connection with (its next message must be the close)."""
+        message = await self.receive()
+        assert message["type"] == "websocket.close", message
+        code: int = message.get("code", 1000)
+        return code
+
+    async def leave(self) -> None:
+        self.left = True
+        await self._to_app.send({"type": "websocket.disconnect", "code": 1001})
+
+
+@asynccontextmanager
+async def connect(app: ASGIApp) -> AsyncIterator[Client]:
+    """A connection to ``PATH``, accepted; leaving the block leaves and waits for the app to end."""
+    scope = {
+        "type": "websocket",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "scheme": "ws",
+        "path": PATH,
+        "raw_path": PATH.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [],
+        "server": ("testserver", 80),
+        "client": ("testclient", 50000),
+        "subprotocols": [],
+    }
+    to_app_send, to_app_receive = anyio.create_memory_object_stream[Message](math.inf)
+    from_app_send, from_app_receive = anyio.create_memory_object_stream[Message](math.inf)
+    ended = anyio.Event()
+
+    async def serve() -> None:
+        try:
+            await app(scope, to_app_receive.receive, from_app_send.send)
+        finally:
+            ended.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(serve)
+        client = Client(to_app_send, from_app_receive)
+        await to_app_send.send({"type": "websocket.connect"})
+        assert (await client.receive())["type"] == "websocket.accept"
+        yield client
+        if not client.left:
+            await client.leave()  # what a server sends the app once the connection is gone
+        with anyio.fail_after(HANG):
+            await ended.wait()
+
+
+Pieces = list[tuple[dict[str, Any], bytes]]
+
+
+async def receive_other(client: Client, pieces: Pieces) -> dict[str, Any]:
+    """The next message that is not a piece; the pieces before it (metadata, binary frame) go to ``pieces``.
+
+    The pieces a session has written go out whatever the client says meanwhile: an answer to a client
+    message may come after some of them.
+    """
+    while (message := await client.receive_json())["type"] == "video.chunk_metadata":
+        pieces.append((message, await client.receive_bytes()))
+    return message
+
+
+async def receive_until_done(client: Client) -> tuple[Pieces, dict[str, Any]]:
+    """Every piece until ``session.done``, and that message."""
+    pieces: Pieces = []
+    done = await receive_other(client, pieces)
+    assert done["type"] == "session.done", done
+    return pieces, done
+
+
+async def start_and_receive_a_piece(client: Client) -> dict[str, Any]:
+    """Start the session and wait for its first piece; the ``video.start`` message."""
+    await client.send_json({"type": "session.start"})
+    start = await client.receive_json()
+    assert start["type"] == "video.start", start
+    assert (await client.receive_json())["type"] == "video.chunk_metadata"
+    await client.receive_bytes()
+    return start
+
+
+def frames_in(data: bytes) -> int:
+    """Frames PyAV decodes from ``data`` (a fragmented MP4 or any prefix of one made of whole pieces)."""
+    with av.open(io.BytesIO(data), mode="r") as container:
+        return len(list(container.decode(video=0)))
+
+
+def wan_step_of(frame: int) -> int:
+    """The latent frame a Wan decode's video frame comes from: 1 frame, then 4 a latent frame."""
+    return 0 if frame == 0 else (frame - 1) // 4 + 1
+
+
+def check_pieces(pieces: list[tuple[dict[str, Any], bytes]], request_id: str, frames: int) -> bytes:
+    """The protocol's promises about the pieces; returns their concatenation."""
+    assert [meta["transport_chunk_index"] for meta, _ in pieces] == list(range(len(pieces)))
+    for meta, data in pieces:
+        assert meta["type"] == "video.chunk_metadata" and meta["kind"] == "media"
+        assert meta["request_id"] == request_id
+        assert meta["byte_length"] == len(data) > 0
+    assert sum(meta["num_frames"] for meta, _ in pieces) == frames
+    # Each piece lets the client show exactly its num_frames more frames.
+    shown = 0
+    for count in range(1, len(pieces) + 1):
+        shown += pieces[count - 1][0]["num_frames"]
+        assert frames_in(b"".join(data for _, data in pieces[:count])) == shown
+    return b"".join(data for _, data in pieces)
+
+
+class GatedSteps:
+    """A generator that gives ``free`` latent steps (one latent frame each) at once, then waits for
+    :attr:`gate` before each next one; it counts its steps and notes when it is closed."""
+
+    def __init__(self, free: int, latent_frames: int = 11) -> None:
+        self.free = free
+        self.latent = demo_latent(1 + 4 * (latent_frames - 1), 16, 0)
+        self.gate = anyio.Event()
+        self.steps = 0
+        self.closed = False
+        self.starts: list[dict[str, Any]] = []
+
+    def __call__(self, start: dict[str, Any]) -> AsyncIterator[torch.Tensor]:
+        self.starts.append(start)
+        return self._steps()
+
+    async def _steps(self) -> AsyncIterator[torch.Tensor]:
+        try:
+            for step in range(self.latent.shape[2]):
+                if step >= self.free:
+                    await self.gate.wait()
+                self.steps += 1
+                yield self.latent[:, :, step : step + 1]
+        finally:
+            self.closed = True
+
+
+@pytest.fixture
+def no_leaks() -> Iterator[None]:
+    threads = foreign_threads()
+    yield
+    assert open_containers() == 0
+    assert foreign_threads() <= threads
+
+
+START = {"type": "session.start", "num_frames": 9, "width": 48, "height": 32, "seed": 3}
+
+
+# -- the protocol --
+
+
+@pytest.mark.anyio
+async def test_a_session_sends_every_fragment_with_its_metadata_then_done(vae: Any, no_leaks: None) -> None:
+    ignored = {"model": "Wan-AI/Wan2.1", "prompt": "a cat", "fps": 24, "sampling_params": {"steps": 4}}
+    async with connect(app_of(vae)) as client:
+        await client.send_json({**START, "format": "m4s", **ignored})
+        start = await client.receive_json()
+        pieces, done = await receive_until_done(client)
+        assert await client.closed() == 1000
+    assert start["type"] == "video.start" and start["format"] == "m4s"
+    assert isinstance(start["request_id"], str) and start["request_id"]
+    assert isinstance(start["config"], dict) and start["config"]["fps"] == 16
+    video = check_pieces(pieces, start["request_id"], 9)
+    shown = 0  # the stand-in steps one latent frame at a time: a piece's step is its last frame's
+    for meta, _ in pieces:
+        shown += meta["num_frames"]
+        assert meta["generation_chunk_index"] == wan_step_of(shown - 1)
+    assert done == {
+        "type": "session.done",
+        "request_id": start["request_id"],
+        "chunks": len(pieces),
+        "stopped": False,
+    }
+    decoded = read_mp4(video)
+    assert decoded.frames.shape == (9, 32, 48, 3) and decoded.fps == 16  # the session's fps, not the client's
+    latent = demo_latent(9, 48, 3)[..., :4, :6]
+    (whole,) = await decode_to_mp4(vae, latent, options=PINNED)
+    # The steps decode to the frames of the whole latent (the causal cache carried between them).
+    assert np.abs(decoded.frames.astype(int) - read_mp4(whole).frames.astype(int)).mean() < 1.0
+
+
+@pytest.mark.anyio
+async def test_a_custom_generator_gets_the_start_and_its_steps_number_the_pieces(
+    vae: Any, no_leaks: None
+) -> None:
+    latent = demo_latent(1 + 4 * 5, 32, 7)  # 6 latent frames, in steps of 2
+    starts: list[dict[str, Any]] = []
+
+    async def two_at_a_time(start: dict[str, Any]) -> AsyncIterator[torch.Tensor]:
+        starts.append(start)
+        for step in range(3):
+            yield latent[:, :, 2 * step : 2 * step + 2]
+
+    async with connect(app_of(vae, generator=two_at_a_time)) as client:
+        await client.send_json({"type": "session.start", "prompt": "waves"})
+        start = await client.receive_json()
+        pieces, done = await receive_until_done(client)
+    assert starts == [{"type": "session.start", "prompt": "waves"}]
+    assert start["config"] == {"prompt": "waves", "fps": 16.0}
+    check_pieces(pieces, start["request_id"], 21)
+    shown = 0
+    for meta, _ in pieces:
+        shown += meta["num_frames"]
+        assert meta["generation_chunk_index"] == wan_step_of(shown - 1) // 2
+    assert pieces[-1][0]["generation_chunk_index"] == 2
+    assert done["chunks"] == len(pieces) and done["stopped"] is False
+
+
+@pytest.mark.anyio
+async def test_ping_is_answered_with_pong_while_the_generation_runs(vae: Any, no_leaks: None) -> None:
+    steps = GatedSteps(free=2)
+    async with connect(app_of(vae, generator=steps)) as client:
+        await start_and_receive_a_piece(client)
+        await client.send_json({"type": "session.ping"})
+        pieces: Pieces = []
+        assert await receive_other(client, pieces) == {"type": "session.pong"}
+        steps.gate.set()
+        rest, done = await receive_until_done(client)
+    assert done["stopped"] is False and done["chunks"] == 1 + len(pieces) + len(rest)
+    assert steps.steps == 11
+
+
+@pytest.mark.anyio
+async def test_stop_ends_the_generation_and_done_counts_the_chunks_sent(vae: Any, no_leaks: None) -> None:
+    steps = GatedSteps(free=2)
+    async with connect(app_of(vae, generator=steps)) as client:
+        start = await start_and_receive_a_piece(client)
+        await client.send_json({"type": "session.stop"})
+        pieces: Pieces = []
+        done = await receive_other(client, pieces)
+        assert await client.closed() == 1000
+    chunks = 1 + len(pieces)  # those sent before the stop: the frames of the two steps, 4 at most
+    assert done == {
+        "type": "session.done",
+        "request_id": start["request_id"],
+        "chunks": chunks,
+        "stopped": True,
+    }
+    assert chunks <= 4
+    assert steps.closed and steps.steps == 2  # the generator was closed where it waited
+
+
+@pytest.mark.anyio
+async def test_leaving_mid_stream_stops_the_generation_and_the_decode(vae: Any, no_leaks: None) -> None:
+    steps = GatedSteps(free=2)
+    async with connect(app_of(vae, generator=steps)) as client:
+        await start_and_receive_a_piece(client)
+        await client.leave()
+    # The block waited for the endpoint to return: the generator is closed, no container or thread is left.
+    assert steps.closed and steps.steps == 2
+
+
+@pytest.mark.anyio
+async def test_no_start_within_the_start_timeout_is_an_error(vae: Any, no_leaks: None) -> None:
+    async with connect(app_of(vae, start_timeout=0.05)) as client:
+        error = await client.receive_json()
+        assert await client.closed() == 1008
+    assert error == {"type": "error", "message": "no session.start within 0.05 s of connecting"}
+
+
+@pytest.mark.anyio
+async def test_a_client_that_stalls_gets_an_error_and_its_generation_ends(vae: Any, no_leaks: None) -> None:
+    steps = GatedSteps(free=2)  # after the first piece nothing more comes, and the client says nothing
+    async with connect(app_of(vae, generator=steps, stall_timeout=0.5)) as client:
+        await start_and_receive_a_piece(client)
+        error = await receive_other(client, [])
+        assert await client.closed() == 1008
+    assert error["type"] == "error" and error["message"].startswith("stall timeout")
+    assert steps.closed
+
+
+@pytest.mark.parametrize(
+    ("message", "error", "code"),
+    [
+        ("{not json", "session.start is not valid JSON", 1008),
+        ("[1, 2]", "session.start must be a JSON object, got list", 1008),
+        (
+            '{"type": "session.begin"}',
+            "must be session.start, got type 'session.begin'",
+            1008,
+        ),
+        (
+            '{"type": "session.ping"}',
+            "must be session.start, got type 'session.ping'",
+            1008,
+        ),
+        ('{"type": "session.start", "format": "mp4"}', "session.start: format must be 'm4s'", 1008),
+        (b'{"type": "session.start"}', "session.start must be a JSON text message, got a binary one", 1008),
+        ("x" * (MAX_START_BYTES + 1), f"over the limit of {MAX_START_BYTES} bytes", 1009),
+        ('{"type": "session.start", "num_frames": 10}', "num_frames: frames must be 1 + 4k", 1008),
+        ('{"type": "session.start", "num_frames": 261}', "num_frames must be an integer from 1 to 257", 1008),
+        ('{"type": "session.start", "num_frames": "9"}', "num_frames must be an integer from 1 to 257", 1008),
+        ('{"type": "session.start", "num_frames": 9.0}', "num_frames must be an integer", 1008),
+        ('{"type": "session.start", "width": 40}', "width: size must be a positive multiple of 16", 1008),
+        ('{"type": "session.start", "height": 528}', "height must be an integer from 16 to 512", 1008),
+        ('{"type": "session.start", "seed": -1}', "seed must be an integer from 0 to", 1008),
+        ('{"type": "session.start", "seed": true}', "seed must be an integer", 1008),
+    ],
+)
+@pytest.mark.anyio
+async def test_a_start_that_is_not_valid_is_an_error_and_the_connection_closes(
+    vae: Any, message: str | bytes, error: str, code: int
+) -> None:
+    async with connect(app_of(vae)) as client:
+        if isinstance(message, bytes):
+            await client.send_bytes(message)
+        else:
+            await client.send_text(message)
+        answer = await client.receive_json()
+        assert await client.closed() == code
+    assert answer["type"] == "error" and error in answer["message"], answer
+
+
+@pytest.mark.anyio
+async def test_a_control_message_that_is_not_valid_is_an_error_and_the_session_goes_on(
+    vae: Any, no_leaks: None
+) -> None:
+    steps = GatedSteps(free=2)
+    bad = [
+        ("not json", "a control message is not valid JSON"),
+        ('"session.stop"', "a control message must be a JSON object, got str"),
+        ('{"type": "session.pause"}', "unknown message type 'session.pause' (expected session.ping or"),
+        ('{"type": "session.start"}', "session.start: this session has started already"),
+        (" " * (MAX_CONTROL_BYTES + 1), f"over the limit of {MAX_CONTROL_BYTES} bytes"),
+    ]
+    async with connect(app_of(vae, generator=steps)) as client:
+        await start_and_receive_a_piece(client)
+        pieces: Pieces = []
+        for text, error in bad:
+            await client.send_text(text)
+            answer = await receive_other(client, pieces)
+            assert answer["type"] == "error" and error in answer["message"], answer
+        await client.send_json({"type": "session.stop"})
+        done = await receive_other(client, pieces)
+    assert done["type"] == "session.done" and done["stopped"] is True
+    assert done["chunks"] == 1 + len(pieces)
+
+
+@pytest.mark.anyio
+async def test_a_generator_that_fails_ends_the_session_with_an_error(vae: Any, no_leaks: None) -> None:
+    async def fails_at_step_two(start: dict[str, Any]) -> AsyncIterator[torch.Tensor]:
+        latent = demo_latent(9, 16, 0)
+        yield latent[:, :, :1]
+        yield latent[:, :, 1:2]
+        raise ValueError("the prompt ran out")
+
+    async def gives_a_wrong_piece(start: dict[str, Any]) -> AsyncIterator[torch.Tensor]:
+        yield torch.zeros(2, 16, 1, 2, 2)
+
+    for generator, error in [
+        (fails_at_step_two, "the generation failed: the prompt ran out"),
+        (gives_a_wrong_piece, "piece 0 must be of batch 1, got shape (2, 16, 1, 2, 2)"),
+    ]:
+        async with connect(app_of(vae, generator=generator)) as client:
+            await client.send_json({"type": "session.start"})
+            assert (await client.receive_json())["type"] == "video.start"
+            while (message := await client.receive_json())["type"] == "video.chunk_metadata":
+                await client.receive_bytes()
+            assert await client.closed() == 1011
+        assert message["type"] == "error" and error in message["message"], message
+
+
+@pytest.mark.anyio
+async def test_a_paced_session_waits_for_each_piece_on_the_pacer(vae: Any, no_leaks: None) -> None:
+    paced: list[MediaTimePacer] = []
+    slept: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    def pacer(fps: object) -> MediaTimePacer:
+        assert fps == 16
+        paced.append(MediaTimePacer(16, lead=0.0, clock=lambda: 0.0, sleep=fake_sleep))  # a frozen clock
+        return paced[-1]
+
+    async with connect(app_of(vae, pacer=pacer)) as client:
+        await client.send_json({**START, "num_frames": 13})
+        await client.receive_json()
+        pieces, _ = await receive_until_done(client)
+    (used,) = paced
+    statistics = used.statistics()
+    assert statistics.fragments == len(pieces) and statistics.frames == 13
+    # With the clock frozen at 0, each piece after the first waits for the frames before it.
+    sent = [meta["num_frames"] for meta, _ in pieces]
+    expected = [sum(sent[:index]) / 16 for index in range(1, len(sent))]
+    assert slept == pytest.approx([delay for delay in expected if delay > 0])
+
+
+def test_the_endpoint_checks_its_arguments_when_made(vae: Any) -> None:
+    with pytest.raises(TypeError, match="realtime_video_endpoint"):
+        realtime_video_endpoint(object())
+    with pytest.raises(TypeError, match="realtime_video_endpoint: generator must be a callable"):
+        realtime_video_endpoint(vae, generator=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="realtime_video_endpoint: decode_limiter must be"):
+        realtime_video_endpoint(vae, decode_limiter=2)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="realtime_video_endpoint: options must write fragmented MP4"):
+        realtime_video_endpoint(vae, options=SessionOptions(value_range=(-1.0, 1.0), fps=Fraction(16)))
+    with pytest.raises(ValueError, match="realtime_video_endpoint: stall_timeout must be a positive"):
+        realtime_video_endpoint(vae, stall_timeout=0)
+    with pytest.raises(ValueError, match="realtime_video_endpoint: max_frames must be an int"):
+        realtime_video_endpoint(vae, max_frames=0)
+
+
+def test_uvicorn_serves_the_endpoint_to_a_websocket_client(vae: Any) -> None:
+    sync_client = pytest.importorskip("websockets.sync.client")
+    app = app_of(vae)
+    pieces: list[bytes] = []
+    with running_server(app) as url, sync_client.connect(url.replace("http", "ws") + PATH) as websocket:
+        websocket.send(json.dumps({**START, "model": "m", "prompt": "p"}))
+        assert json.loads(websocket.recv(timeout=HANG))["type"] == "video.start"
+        while (message := json.loads(websocket.recv(timeout=HANG)))["type"] == "video.chunk_metadata":
+            data = websocket.recv(timeout=HANG)
+            assert isinstance(data, bytes) and len(data) == message["byte_length"]
+            pieces.append(data)
+    assert message == {**message, "type": "session.done", "chunks": len(pieces), "stopped": False}
+    assert read_mp4(b"".join(pieces)).frames.shape == (9, 32, 48, 3)
+    assert open_containers() == 0
+
+
+@pytest.mark.anyio
+async def test_the_demo_app_serves_the_protocol_with_the_users_generator(vae: Any, no_leaks: None) -> None:
+    latent = demo_latent(1 + 4 * 3, 32, 5)
+
+    async def one_at_a_time(start: dict[str, Any]) -> AsyncIterator[torch.Tensor]:
+        for step in range(latent.shape[2]):
+            yield latent[:, :, step : step + 1]
+
+    app = create_app(
+        vae=vae, generator=one_at_a_time, session_options={"video_codec_options": DETERMINISTIC_X264}
+    )
+    async with connect(app) as client:
+        await client.send_json({"type": "session.start", "format": "m4s"})
+        start = await client.receive_json()
+        pieces, done = await receive_until_done(client)
+    video = check_pieces(pieces, start["request_id"], 13)
+    assert read_mp4(video).frames.shape == (13, 32, 32, 3) and done["stopped"] is False
+    with pytest.raises(TypeError, match="^create_app: generator must be a callable"):
+        create_app(vae=vae, generator=3)  # type: ignore[arg-type]
