@@ -20,11 +20,12 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+import anyio
 import av
 import httpx
 import pytest
 
-from streamvae.server import create_app
+from streamvae.server import create_app, demo_generator
 from tests._server import EventLog, running_server
 
 pytestmark = pytest.mark.browser
@@ -52,9 +53,15 @@ def chromium(tmp_path: Path) -> Iterator[str]:
         if os.environ.get("CI") == "true":
             pytest.fail("chromium is missing in CI: .ci/run installs it with apt-get")
         pytest.skip("chromium is not installed (apt-get install chromium)")
-    profile = tmp_path / "profile"
+    with headless_chromium(CHROMIUM, tmp_path / "profile") as address:
+        yield address
+
+
+@contextlib.contextmanager
+def headless_chromium(executable: str, profile: Path) -> Iterator[str]:
+    """Run headless chromium with ``profile``; yields its DevTools HTTP address; ends it on leaving."""
     process = subprocess.Popen(
-        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        [executable, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -238,3 +245,58 @@ def _fragments_and_keyframes(body: bytes) -> tuple[int, int]:
     with av.open(io.BytesIO(body)) as container:
         packets = [p for p in container.demux(container.streams.video[0]) if p.size]
         return fragments, sum(p.is_keyframe for p in packets)
+
+
+# 25 latent steps a quarter second apart keep the session generating ~6 s, the video 6 s long.
+WS_FRAMES, WS_SIZE, WS_STEP_DELAY = 97, 64, 0.25
+# Resolves once the video's playback position has moved past its start, with what the page knew then.
+WAIT_FOR_WS_PLAYBACK = """
+new Promise((resolve, reject) => {
+  const video = document.getElementById("video");
+  const check = () => {
+    const state = window.streamvaeState;
+    if (state.error) reject(new Error("page error: " + state.error));
+    if (video.currentTime > 0) resolve({position: video.currentTime, done: state.done, chunks: state.chunks});
+  };
+  video.addEventListener("timeupdate", check);
+  video.addEventListener("error", () => reject(new Error("video error: " + video.error.message)));
+  setTimeout(() => reject(new Error("no playback in 60 s: readyState " + video.readyState)), 60000);
+  check();
+})
+"""
+
+
+def _slow_generator(delay: float) -> Any:
+    """The demo stand-in, waiting ``delay`` seconds before each latent step as a slow model would."""
+    inner = demo_generator()
+
+    def generate(start: dict[str, Any]) -> Any:
+        async def steps() -> Any:
+            async for piece in inner(start):
+                await anyio.sleep(delay)
+                yield piece
+
+        return steps()
+
+    return generate
+
+
+def test_chromium_plays_the_websocket_stream_while_it_is_generated(chromium: str) -> None:
+    app = create_app(generator=_slow_generator(WS_STEP_DELAY))
+    query = f"transport=ws&frames={WS_FRAMES}&size={WS_SIZE}&seed=0"
+    with running_server(app) as url, page_at(chromium, f"{url}/?{query}") as devtools:
+        playing = devtools.evaluate(WAIT_FOR_WS_PLAYBACK)
+        state = devtools.evaluate(WAIT_FOR_END)
+        page_state = devtools.evaluate("window.streamvaeState")
+    # The position moved while the server was still generating: session.done had not come yet.
+    assert playing["position"] > 0 and not playing["done"]
+    assert playing["chunks"] >= 1
+    assert state["error"] is None and state["ended"]
+    assert (state["videoWidth"], state["videoHeight"]) == (WS_SIZE, WS_SIZE)
+    # Every frame arrived and played: the metadata counts them, the buffer's duration spans them.
+    assert page_state["error"] is None and page_state["done"] and page_state["transport"] == "ws"
+    assert page_state["frames"] == WS_FRAMES
+    assert state["duration"] == pytest.approx(WS_FRAMES / FPS, abs=1.5 / FPS)
+    # It played along as the session generated: partway through the video when session.done came.
+    assert 0 < page_state["positionAtDone"] < state["duration"]
+    assert 0 < page_state["firstFragmentMs"] <= page_state["firstFrameMs"]

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from streamvae import MP4ByteStream, read_entries, stream_mp4
 from streamvae.pipelines import stream_generation
-from streamvae.server import MP4Response
+from streamvae.server import MediaTimePacer, MP4Response
 from streamvae.testing import foreign_threads, open_containers
 from tests._media import DETERMINISTIC_X264, read_mp4
 from tests._pipelines import BUILDERS, EXPECTED
@@ -160,6 +160,31 @@ async def test_a_starlette_route_returning_an_mp4_response_streams_every_frame()
     assert decoder.steps == 12
     assert open_containers() == 0
     assert foreign_threads() <= baseline
+
+
+async def test_a_paced_response_holds_each_piece_until_its_media_time_and_sends_the_same_bytes() -> None:
+    now = [0.0]  # a fake clock that a pacer's sleep advances: no real waiting
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
+    pacer = MediaTimePacer(16, clock=lambda: now[0], sleep=sleep)
+    decoder = FrameDecoder()
+    paced = await get(
+        starlette_app(lambda: MP4Response(stream_mp4(decoder, frames(1, 12), fps=16, **PINNED), pacer=pacer))
+    )
+    plain = await get(
+        starlette_app(lambda: MP4Response(stream_mp4(FrameDecoder(), frames(1, 12), fps=16, **PINNED)))
+    )
+    assert paced.status_code == 200 and paced.content == plain.content
+    # The decode is faster than real time here: every piece after the first waited for its media time,
+    # and the waits add up to the video's duration less its first piece's.
+    assert slept and all(seconds > 0 for seconds in slept)
+    assert abs(now[0] - sum(slept)) < 1e-9 and now[0] <= 12 / 16
+    with pytest.raises(TypeError, match="^MP4Response: pacer must be a streamvae.server.MediaTimePacer"):
+        MP4Response(stream_mp4(decoder, frames(1, 2), fps=16), pacer=16)  # type: ignore[arg-type]
 
 
 async def test_the_body_is_the_mp4_stream_mp4_streams_for_a_diffusers_vae() -> None:

@@ -129,8 +129,8 @@ def create_app(
       :func:`streamvae.open_latent_stream` on ``vae``; default the seeded stand-in
       (:func:`streamvae.server.demo_generator`: ``num_frames``, ``width``, ``height``, ``seed`` from the
       start message, within ``max_frames`` and ``max_size``).
-    - ``pace``: send the WebSocket's fragments no earlier than their media time
-      (:class:`streamvae.server.MediaTimePacer`), instead of as soon as they are written.
+    - ``pace``: send each fragment, over HTTP and the WebSocket, no earlier than its media time
+      (:class:`streamvae.server.MediaTimePacer`), instead of as soon as it is written.
 
     Every argument is checked here, before any request: a bad value is a ValueError, an object of the
     wrong kind (``vae``, ``latents``, ``encode_limiter``, ...) a TypeError, each naming create_app and the
@@ -173,6 +173,7 @@ def create_app(
         options=options,
         encode_limiter=encode_limiter,
         on_event=on_event,
+        pace=pace,
     )
     page = _page().replace("__MAX_FRAMES__", str(max_frames)).replace("__MAX_SIZE__", str(max_size))
 
@@ -292,11 +293,14 @@ class _Videos:
         options: SessionOptions,
         encode_limiter: anyio.CapacityLimiter | None,
         on_event: Callable[[ServerEvent], None] | None,
+        pace: bool,
     ) -> None:
         self.vae = vae
         self.latents = latents
         self.admission = Admission(max_concurrent=max_concurrent, max_queued=max_queued)
         self.stall_timeout = stall_timeout
+        #: whether each response's fragments leave at their media time
+        self.pace = pace
         self.retry_after = retry_after
         self.max_frames = max_frames
         self.max_size = max_size
@@ -334,7 +338,10 @@ class _Videos:
         except ValueError as error:
             return PlainTextResponse(f"{error}\n", status_code=400)
         return MP4Response(
-            self._video(request), stall_timeout=self.stall_timeout, headers={"cache-control": "no-store"}
+            self._video(request),
+            stall_timeout=self.stall_timeout,
+            headers={"cache-control": "no-store"},
+            pacer=MediaTimePacer(self.options.fps) if self.pace else None,  # a schedule per response
         )
 
     def _parse(self, query: QueryParams) -> VideoRequest:

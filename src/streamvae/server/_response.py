@@ -29,7 +29,9 @@ from starlette.types import Message, Receive, Scope, Send
 
 from streamvae._checks import check_int, check_seconds
 from streamvae._errors import StreamVAEError
+from streamvae._fragments import FragmentCounter
 from streamvae._sinks import MP4ByteStream, read_entries
+from streamvae.server._pacing import MediaTimePacer
 
 __all__ = ["MP4Response", "ReaderStalledError"]
 
@@ -63,6 +65,10 @@ class MP4Response(Response):
       within ``stall_timeout`` seconds, which raises :class:`ReaderStalledError` into the block and is
       logged as a warning. Both end the response quietly: it is incomplete, and the server closes it.
 
+    ``pacer``: a :class:`streamvae.server.MediaTimePacer` (opt-in) holds each piece until its media time
+    (the first is never held, a slow decode never delayed); without one each piece leaves as soon as it
+    is written.
+
     A Starlette ``Response`` subclass, so FastAPI passes it through unchanged; its ``background`` task,
     if any, runs after a response sent to the end. Every argument is checked here: a bad value is a
     ValueError, a ``streams`` that is no async context manager a TypeError, each naming MP4Response.
@@ -79,6 +85,7 @@ class MP4Response(Response):
         stall_timeout: float = 30.0,
         headers: Mapping[str, str] | None = None,
         status_code: int = 200,
+        pacer: MediaTimePacer | None = None,
     ) -> None:
         owner = "MP4Response"
         _check_streams(streams)
@@ -86,7 +93,12 @@ class MP4Response(Response):
         check_seconds("stall_timeout", stall_timeout, owner=owner)
         check_int("status_code", status_code, minimum=200, maximum=299, owner=owner)
         _check_headers(headers)
+        if pacer is not None and not isinstance(pacer, MediaTimePacer):
+            raise TypeError(
+                f"{owner}: pacer must be a streamvae.server.MediaTimePacer or None, got {pacer!r}"
+            )
         self.status_code = status_code
+        self._pacer = pacer
         self.background = None
         self.init_headers(headers)
         self._streams = streams
@@ -122,9 +134,14 @@ class MP4Response(Response):
         try:
             async with self._streams as yielded:
                 streams = _entry_streams(yielded, self._entry)
+                frames = FragmentCounter()  # what each piece lets out, for the pacer
                 async for entry, data in read_entries(streams):
                     if entry != streams[0].entry:
                         continue  # another entry's bytes, read to keep the shared pipeline moving
+                    if self._pacer is not None:
+                        before = frames.samples
+                        frames.feed(data)
+                        await self._pacer.wait(frames.samples - before)
                     if not started:
                         # Headers go with the first bytes, so a decode that fails at once is still an error.
                         await self._send(send, self._start())
