@@ -528,3 +528,39 @@ async def test_the_demo_app_serves_the_protocol_with_the_users_generator(vae: An
     assert read_mp4(video).frames.shape == (13, 32, 32, 3) and done["stopped"] is False
     with pytest.raises(TypeError, match="^create_app: generator must be a callable"):
         create_app(vae=vae, generator=3)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_websocket_sessions_take_the_apps_decode_slots_and_one_beyond_them_is_refused(
+    vae: Any, no_leaks: None
+) -> None:
+    latent = demo_latent(1 + 4 * 2, 32, 5)
+    release = anyio.Event()
+
+    async def held(start: dict[str, Any]) -> AsyncIterator[torch.Tensor]:
+        yield latent[:, :, :1]
+        await release.wait()  # the first session holds its slot until the test lets it go
+        yield latent[:, :, 1:]
+
+    app = create_app(vae=vae, generator=held, max_concurrent=1, max_queued=0)
+    async with connect(app) as client:
+        await client.send_json({"type": "session.start", "format": "m4s"})
+        await client.receive_json()  # video.start: the session has its slot
+        assert app.state.stats.active == 1
+        scope = {"type": "websocket", "path": PATH, "headers": [], "query_string": b"", "subprotocols": []}
+        sent: list[Message] = []
+
+        async def receive() -> Message:
+            return {"type": "websocket.connect"}
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        with anyio.fail_after(HANG):  # hang guard
+            await app(scope, receive, send)
+        assert sent == [{"type": "websocket.close", "code": 1013, "reason": ""}]  # refused, never accepted
+        assert app.state.stats.rejected == 1
+        release.set()
+        pieces, done = await receive_until_done(client)
+    assert pieces and done["stopped"] is False
+    assert app.state.stats.active == 0 and app.state.stats.completed == 1  # the slot was given back

@@ -129,6 +129,8 @@ def create_app(
       :func:`streamvae.open_latent_stream` on ``vae``; default the seeded stand-in
       (:func:`streamvae.server.demo_generator`: ``num_frames``, ``width``, ``height``, ``seed`` from the
       start message, within ``max_frames`` and ``max_size``).
+    - WebSocket sessions share the admission of ``/video.mp4``: each holds a decode slot (or a queue
+      place) while it runs, and a handshake beyond both is refused.
     - ``pace``: send each fragment, over HTTP and the WebSocket, no earlier than its media time
       (:class:`streamvae.server.MediaTimePacer`), instead of as soon as it is written.
 
@@ -198,7 +200,22 @@ def create_app(
                     max_size=max_size,
                 )
             )
-        await realtime[0](websocket)
+        # Admitted like /video.mp4: a session holds a decode slot; beyond every slot and queue place the
+        # handshake is refused (closed before it is accepted) instead of queueing where nobody sees it.
+        ticket = videos.admission.try_enter()
+        if ticket is None:
+            await websocket.close(code=1013)  # try again later
+            return
+        outcome: Outcome = "disconnected"
+        try:
+            await ticket.start()
+            await realtime[0](websocket)
+            outcome = "completed"
+        except Exception:
+            outcome = "failed"
+            raise
+        finally:
+            ticket.end(outcome)
 
     async def stats(request: Request) -> Response:
         return JSONResponse(
