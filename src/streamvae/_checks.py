@@ -17,6 +17,7 @@ objects, so a command line's option checks answer without loading them.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Sequence
 from fractions import Fraction
@@ -41,6 +42,7 @@ __all__ = [
     "check_limiter",
     "check_seconds",
     "check_waveform",
+    "did_you_mean",
     "prefixed",
 ]
 
@@ -103,14 +105,29 @@ def check_fps(fps: object, *, owner: str | None = None) -> Fraction:
     return Fraction(fps).limit_denominator(1001)
 
 
-def check_seconds(name: str, value: object, *, owner: str | None = None) -> float:
-    """``value`` if it is a positive, finite number of seconds (not a bool), else a ValueError naming
-    ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(
-            prefixed(owner, f"{name} must be a positive, finite number of seconds, got {value!r}")
-        )
-    return value
+def check_seconds(
+    name: str, value: object, *, owner: str | None = None, zero: bool = False, infinite: bool = False
+) -> float:
+    """``value`` as a number of seconds (not a bool), else a ValueError naming ``name``: positive and
+    finite by default; ``zero`` admits 0, ``infinite`` admits ``math.inf`` (for "never")."""
+    if not zero:
+        form = "a positive, finite number of seconds"
+    elif infinite:
+        form = "a number of seconds >= 0 (math.inf: never)"
+    else:
+        form = "a finite number of seconds >= 0"
+    refused = ValueError(prefixed(owner, f"{name} must be {form}, got {value!r}"))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise refused
+    if not (value >= 0 if zero else value > 0) or (value == math.inf and not infinite):  # NaN fails too
+        raise refused
+    return float(value)
+
+
+def did_you_mean(name: object, known: Sequence[str] | frozenset[str], *, most: int = 1) -> str:
+    """``"; did you mean 'x'?"`` naming the ``most`` entries of ``known`` nearest to ``name``, or ``""``."""
+    nearest = difflib.get_close_matches(str(name), known, n=most)
+    return f"; did you mean {' or '.join(map(repr, nearest))}?" if nearest else ""
 
 
 def check_limiter(name: str, value: object, *, owner: str | None = None) -> anyio.CapacityLimiter | None:

@@ -7,7 +7,6 @@ the container and the codec with it.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import io
 import os
@@ -18,6 +17,8 @@ from fractions import Fraction
 from typing import Any, Literal
 
 import av
+
+from streamvae._checks import did_you_mean
 
 __all__ = [
     "CODEC_NEUTRAL_OPTIONS",
@@ -105,8 +106,7 @@ def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -
     known = _codec_option_names(codec)
     for name in options or {}:
         if name not in known:
-            nearest = difflib.get_close_matches(name, known, n=3)
-            hint = f"; did you mean {' or '.join(map(repr, nearest))}?" if nearest else ""
+            hint = did_you_mean(name, sorted(known), most=3)
             raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
 
 

@@ -17,7 +17,7 @@ import anyio
 from torch import Tensor
 
 from streamvae._checks import check_callable, check_int, check_limiter
-from streamvae._decode_worker import chunk_bridge, run_decode, run_decode_worker
+from streamvae._decode_worker import chunk_bridge, decode_limiter_or_own, run_decode, run_decode_worker
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
 from streamvae._public import public
 from streamvae._session import ChunkedVideoMP4Session
@@ -64,7 +64,7 @@ async def decode_to_mp4(
     owner = "decode_to_mp4"
     decoder = as_decoder(vae, owner=owner)
     decoder.check_latents(z, owner=owner)  # shapes only: on the loop
-    limiter = _decode_limiter(check_limiter("decode_limiter", decode_limiter, owner=owner))
+    limiter = decode_limiter_or_own(check_limiter("decode_limiter", decode_limiter, owner=owner))
     check_callable("on_session", on_session, owner=owner)
     if not decoder.is_output_rank:
         # Every rank checks the options before the first collective: a bad one raises here on every
@@ -134,7 +134,7 @@ async def _streamed(
 ) -> AsyncIterator[list[MP4ByteStream]]:
     """The block of :func:`stream_mp4`, over the arguments it checked."""
     owner = "stream_mp4"
-    limiter = _decode_limiter(decode_limiter)
+    limiter = decode_limiter_or_own(decode_limiter)
     session = ChunkedVideoMP4Session(options=checked)
     streams = [session.open_stream(entry, max_buffered=max_buffered) for entry in range(z.shape[0])]
     decode_scope = anyio.CancelScope()
@@ -161,11 +161,6 @@ async def _streamed(
 def _defaults(decoder: ChunkedDecoder) -> dict[str, Any]:
     """What a decode's session options default to: the decoder's value range."""
     return {"value_range": decoder.chunk_value_range}
-
-
-def _decode_limiter(checked: anyio.CapacityLimiter | None) -> anyio.CapacityLimiter:
-    """The ``decode_limiter`` given (checked already), or a limiter of the call's own (made on the loop)."""
-    return checked if checked is not None else anyio.CapacityLimiter(1)
 
 
 def _decode_without_output(decoder: ChunkedDecoder, z: Tensor) -> None:

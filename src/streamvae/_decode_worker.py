@@ -41,6 +41,7 @@ __all__ = [
     "check_abandoned",
     "check_finite_latents",
     "chunk_bridge",
+    "decode_limiter_or_own",
     "decode_stream",
     "run_decode",
     "run_decode_worker",
@@ -68,6 +69,13 @@ async def run_decode_worker(func: Callable[..., None], *args: Any, limiter: anyi
     except BaseException:
         await anyio.lowlevel.checkpoint_if_cancelled()
         raise
+
+
+def decode_limiter_or_own(limiter: anyio.CapacityLimiter | None) -> anyio.CapacityLimiter:
+    """The ``decode_limiter`` a caller gave (checked already), or one token of the call's own: without a
+    shared limiter a call's decodes run one at a time but never wait for another call's. Make it on the
+    event loop of the call."""
+    return limiter if limiter is not None else anyio.CapacityLimiter(1)
 
 
 def run_decode(decoder: ChunkedDecoder, z: Tensor, on_chunk: Callable[[Tensor], None], owner: str) -> None:

@@ -26,6 +26,7 @@ from streamvae._decode_worker import (
     call_on_loop,
     check_finite_latents,
     chunk_bridge,
+    decode_limiter_or_own,
     decode_stream,
     run_decode_worker,
 )
@@ -102,7 +103,7 @@ async def _opened(
     decoder: ChunkedDecoder, decode_limiter: anyio.CapacityLimiter | None, checked: SessionOptions
 ) -> AsyncIterator[LatentStream]:
     """The block of :func:`open_latent_stream`, over the arguments it checked."""
-    limiter = decode_limiter if decode_limiter is not None else anyio.CapacityLimiter(1)  # made on the loop
+    limiter = decode_limiter_or_own(decode_limiter)  # made on the loop
     async with ChunkedVideoMP4Session(options=checked) as session:
         stream = LatentStream(decoder, session, limiter)
         try:

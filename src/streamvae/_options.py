@@ -15,7 +15,6 @@ field here (and its line in :class:`SessionKeywords`, which a test keeps in step
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -26,7 +25,15 @@ import anyio
 import numpy as np
 from torch import Tensor
 
-from streamvae._checks import check_bool, check_choice, check_fps, check_int, check_limiter, check_waveform
+from streamvae._checks import (
+    check_bool,
+    check_choice,
+    check_fps,
+    check_int,
+    check_limiter,
+    check_waveform,
+    did_you_mean,
+)
 from streamvae._codec_options import OutputKind, check_video_codec
 from streamvae._output_file import check_output_files
 from streamvae._public import public
@@ -300,8 +307,7 @@ def resolve_options(
         return options
     for name in keywords:
         if name not in OPTION_NAMES:
-            nearest = difflib.get_close_matches(name, OPTION_NAMES, n=1)
-            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+            hint = did_you_mean(name, OPTION_NAMES)
             raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}{hint}")
     given = {**defaults, **keywords}
     missing = [name for name in _REQUIRED if name not in given]
@@ -342,7 +348,6 @@ def check_option_dict(
         if key in reserved or key == "options":
             raise ValueError(f"{owner}: pass {key} to {owner}() itself, not in {name}")
         if key not in OPTION_NAMES:
-            nearest = difflib.get_close_matches(str(key), OPTION_NAMES, n=1)
-            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+            hint = did_you_mean(key, OPTION_NAMES)
             raise ValueError(f"{owner}: {name} has {key!r}, not a SessionOptions keyword{hint}")
     return dict(value)

@@ -9,7 +9,6 @@ session nothing. The rules are those of vllm-omni's ``MediaTimePacer``, whose cl
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from fractions import Fraction
 
 import anyio
 
-from streamvae._checks import check_callable, check_fps, check_int
+from streamvae._checks import check_callable, check_fps, check_int, check_seconds
 
 __all__ = ["MediaTimePacer", "PacerStatistics"]
 
@@ -72,9 +71,9 @@ class MediaTimePacer:
         #: frames per second of the media the fragments hold
         self.fps = check_fps(fps, owner=_OWNER)
         #: seconds before its media time that a fragment may leave
-        self.lead = _seconds("lead", lead, infinite=False)
+        self.lead = check_seconds("lead", lead, owner=_OWNER, zero=True)
         #: seconds behind schedule after which the schedule is re-based
-        self.max_lag = _seconds("max_lag", max_lag, infinite=True)
+        self.max_lag = check_seconds("max_lag", max_lag, owner=_OWNER, zero=True, infinite=True)
         for name, function in (("clock", clock), ("sleep", sleep)):
             if function is None:
                 raise TypeError(f"{_OWNER}: {name} must be a callable, got None")
@@ -125,16 +124,3 @@ class MediaTimePacer:
         delay = self.delay_for(frames)
         if delay > 0:
             await self._sleep(delay)
-
-
-def _seconds(name: str, value: object, *, infinite: bool) -> float:
-    """``value`` as seconds ≥ 0 (``math.inf`` only when ``infinite``), else a ValueError naming ``name``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0 <= value <= math.inf
-        or (value == math.inf and not infinite)
-    ):
-        form = "a number of seconds >= 0 (math.inf: never)" if infinite else "a finite number of seconds >= 0"
-        raise ValueError(f"{_OWNER}: {name} must be {form}, got {value!r}")
-    return float(value)
