@@ -30,10 +30,11 @@ The design notes:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -159,54 +160,44 @@ def _step_end_check(user_callback: Any, owner: str) -> Callable[..., Any]:
     return on_step_end
 
 
-class _standing_in_for_decode:
-    """Replace ``vae.decode`` on this instance by a stand-in that raises :class:`_ReachedDecode`."""
+@contextlib.contextmanager
+def _standing_in_for_decode(vae: Any, owner: str) -> Iterator[None]:
+    """Replace ``vae.decode`` on this instance by a stand-in that raises :class:`_ReachedDecode`; put
+    back what was there (an instance attribute of its own, or nothing) when the block ends."""
+    had_own, own = "decode" in vars(vae), vars(vae).get("decode")
+    signature = inspect.signature(vae.decode)
+    latents_name = next(iter(signature.parameters))
 
-    def __init__(self, vae: Any, owner: str) -> None:
-        self._vae = vae
-        self._owner = owner
-        self._had_own = "decode" in vars(vae)
-        self._own = vars(vae).get("decode")
-        self._signature = inspect.signature(vae.decode)
+    def decode(*args: Any, **kwargs: Any) -> Any:
+        check_abandoned(owner)  # a cancellation during the last denoising step
+        bound = signature.bind(*args, **kwargs)
+        extra = {
+            name: value
+            for name, value in bound.arguments.items()
+            if name not in (latents_name, "return_dict") and value is not signature.parameters[name].default
+        }
+        raise _ReachedDecode(CapturedDecode(bound.arguments[latents_name], extra))
 
-    def __enter__(self) -> None:
-        owner, signature = self._owner, self._signature
-
-        def decode(*args: Any, **kwargs: Any) -> Any:
-            check_abandoned(owner)  # a cancellation during the last denoising step
-            bound = signature.bind(*args, **kwargs)
-            latents_name = next(iter(signature.parameters))
-            extra = {
-                name: value
-                for name, value in bound.arguments.items()
-                if name not in (latents_name, "return_dict")
-                and value is not signature.parameters[name].default
-            }
-            raise _ReachedDecode(CapturedDecode(bound.arguments[latents_name], extra))
-
-        self._vae.decode = decode
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._had_own:
-            self._vae.decode = self._own
+    vae.decode = decode
+    try:
+        yield
+    finally:
+        if had_own:
+            vae.decode = own
         else:
-            del self._vae.decode
+            del vae.decode
 
 
-class _turn:
+@contextlib.contextmanager
+def _turn(vae: Any, owner: str) -> Iterator[None]:
     """Hold ``vae``'s lock for one pipeline call, waiting (cancellably) for a call that holds it."""
-
-    def __init__(self, vae: Any, owner: str) -> None:
-        with _turns_lock:
-            lock = _turns.get(vae)
-            if lock is None:
-                lock = _turns[vae] = threading.Lock()
-        self._lock = lock
-        self._owner = owner
-
-    def __enter__(self) -> None:
-        while not self._lock.acquire(timeout=_TURN_POLL_SECONDS):
-            check_abandoned(self._owner)
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._lock.release()
+    with _turns_lock:
+        lock = _turns.get(vae)
+        if lock is None:
+            lock = _turns[vae] = threading.Lock()
+    while not lock.acquire(timeout=_TURN_POLL_SECONDS):
+        check_abandoned(owner)
+    try:
+        yield
+    finally:
+        lock.release()
