@@ -21,7 +21,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy src
 
 test: lint
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=20
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,serve,bench]'
