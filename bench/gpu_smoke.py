@@ -29,6 +29,8 @@ script is known to work before a GPU is lent: tests/test_gpu_smoke.py runs it in
   ``ShardedWanDecoder`` decode, by file:line and thread. None may run on the event loop thread. A hook on
   ``warnings.showwarning`` records them in whichever thread warns (a self-test warns once on the loop and
   once in a worker thread, to show both are seen).
+- ``sharded.stream``: a one-rank sharded stream of latent pieces (NCCL on CUDA) writes the frames of the
+  single process's ``decode_to_mp4`` of the whole latent, with no host synchronization on the loop thread.
 - ``wan.untiled_equal``: chunks concatenated ``torch.equal`` to ``vae.decode`` on the device (Wan 2.1, 2.2).
   ``wan.tiled``: the same with ``enable_tiling`` on a latent of 2×3 tiles; the maximum difference is
   reported (cuDNN may pick other algorithms), within 1 uint8 level passes.
@@ -551,22 +553,36 @@ def check_syncs_decode(*, latent_on_host: bool) -> tuple[bool, str]:
     return passed, "; ".join(parts)
 
 
-def check_syncs_sharded() -> tuple[bool, str]:
+@contextlib.contextmanager
+def group_of_one() -> Iterator[Any]:
+    """A process group of this process alone (NCCL on CUDA, else gloo), destroyed after if made here."""
     import torch.distributed as dist
 
-    from streamvae.distributed import ShardedWanDecoder, init_distributed
+    from streamvae.distributed import init_distributed
 
     if CUDA and not dist.is_nccl_available():
         raise Skip("this torch has no NCCL")
     created = not dist.is_initialized()
     device = init_distributed(timeout=timedelta(seconds=60))
     try:
+        yield device
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def check_syncs_sharded() -> tuple[bool, str]:
+    import torch.distributed as dist
+
+    from streamvae.distributed import ShardedWanDecoder
+
+    with group_of_one() as device:
         backend_name = str(dist.get_backend())
         vae = tiny_wan21()
         z = latent(vae, 1, 5, 16, 16).to(device)
         reference: list[Tensor] = []
         chunked_decoder(vae).decode_with_chunks(z, on_chunk=reference.append)
-        decoder = ShardedWanDecoder(vae)
+        decoder = ShardedWanDecoder(vae, shard="height")
         sharded: list[Tensor] = []
         decoder.decode_with_chunks(z, on_chunk=sharded.append)  # also the warm-up of the communicator
         equal = len(sharded) == len(reference) and all(
@@ -587,9 +603,53 @@ def check_syncs_sharded() -> tuple[bool, str]:
             passed &= ok and len(videos) == 1 and bool(videos[0])
             parts.append(f"{backend}: {text}, {decoder.stats.collectives} collectives")
         return passed, "; ".join(parts)
-    finally:
-        if created:
-            dist.destroy_process_group()
+
+
+def check_sharded_stream() -> tuple[bool, str]:
+    """A one-rank sharded stream (NCCL on CUDA): pieces pushed through ``open_latent_stream`` give the frames
+    of ``decode_to_mp4`` of the concatenated latent in one process (within 1 uint8 level: cuDNN may sum a
+    strip differently), with no host synchronization on the event loop thread."""
+    import torch.distributed as dist
+
+    from streamvae import open_latent_stream
+    from streamvae.distributed import sharded_decoder
+
+    with group_of_one() as device:
+        backend_name = str(dist.get_backend())
+        vae = tiny_wan21()
+        z = latent(vae, 1, 5, 16, 16).to(device)
+        decoder = sharded_decoder(vae, shard="height")  # a group of one: one strip, every collective run
+        codec = {"threads": "1", "x264-params": "asm=0"}
+
+        async def stream() -> list[bytes]:
+            async with open_latent_stream(decoder, fps=FPS, video_codec_options=codec) as opened:
+                for piece in (z[:, :, :2], z[:, :, 2:3], z[:, :, 3:]):
+                    await opened.push_latents(piece)
+                return await opened.finish()
+
+        passed, parts = True, [f"{backend_name}, world size {dist.get_world_size()}"]
+        single = anyio.run(lambda: decode_to_mp4(vae, z, fps=FPS, video_codec_options=codec))
+        for backend in BACKENDS:
+            videos, warned = counting_syncs(stream, backend)
+            ok, text = describe_syncs(warned)
+            frames = [read_frames(videos[0]), read_frames(single[0])]
+            same_shape = frames[0].shape == frames[1].shape
+            levels = int(np.abs(frames[0].astype(int) - frames[1].astype(int)).max()) if same_shape else -1
+            passed &= ok and same_shape and 0 <= levels <= 1
+            parts.append(
+                f"{backend}: {text}, frames {frames[0].shape[0]}, bytes equal {videos == single}, "
+                f"max level Δ {levels}, {decoder.stats.collectives} collectives"
+            )
+        return passed, "; ".join(parts)
+
+
+def read_frames(data: bytes) -> np.ndarray:
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
 
 
 # --------------------------------------------------------------------------------------- Wan exactness
@@ -683,6 +743,7 @@ CHECKS += [
     ("syncs.decode_to_mp4", functools.partial(check_syncs_decode, latent_on_host=False)),
     ("syncs.decode_to_mp4.host_latent", functools.partial(check_syncs_decode, latent_on_host=True)),
     ("syncs.sharded", check_syncs_sharded),
+    ("sharded.stream", check_sharded_stream),
     ("wan.untiled_equal", functools.partial(check_wan, tiled=False)),
     ("wan.tiled", functools.partial(check_wan, tiled=True)),
     ("stream_mp4.leave_early", check_leave_early),

@@ -30,13 +30,19 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import Tensor
 
 from streamvae import decode_to_mp4, quantize_chunk
-from streamvae.distributed import PeerDecodeError, ShardedDecodeStats, ShardedWanDecoder, _collectives
+from streamvae.distributed import (
+    PeerDecodeError,
+    ShardedDecodeStats,
+    ShardedWanDecoder,
+    _collectives,
+    sharded_decoder,
+)
 from streamvae.models.wan import WanChunkedDecoder
 from tests._media import DETERMINISTIC_X264, read_luma, read_mp4
+from tests._ranks import spawn_ranks
 from tests._vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 
 FAMILIES: dict[str, Callable[[], Any]] = {
@@ -308,25 +314,7 @@ def _rank_main(rank: int, world: int, folder: str, scenarios: list[Scenario]) ->
 
 def run_group(world: int, scenarios: list[Scenario], folder: Path) -> dict[str, list[RankResult]]:
     """Spawn ``world`` ranks that run ``scenarios``; fail the test if any rank hangs or dies."""
-    context = mp.get_context("spawn")
-    ranks = [
-        context.Process(target=_rank_main, args=(rank, world, str(folder), scenarios), daemon=True)
-        for rank in range(world)
-    ]
-    for process in ranks:
-        process.start()
-    deadline = time.monotonic() + JOIN_TIMEOUT
-    for process in ranks:
-        process.join(max(0.0, deadline - time.monotonic()))
-    hung = [rank for rank, process in enumerate(ranks) if process.is_alive()]
-    for process in ranks:
-        if process.is_alive():
-            process.kill()
-            process.join()
-    if hung:
-        pytest.fail(f"ranks {hung} of {world} still running after {JOIN_TIMEOUT:.0f} s: a rank hung")
-    codes = [process.exitcode for process in ranks]
-    assert codes == [0] * world, f"rank exit codes {codes}"
+    spawn_ranks(world, _rank_main, (world, str(folder), scenarios), deadline_s=JOIN_TIMEOUT)
     per_rank = [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
     died = RankResult(rank=-1, error=("died", ""))
     names = [ONE_BUFFER_GATHER, *(s.name for s in scenarios)]
@@ -625,6 +613,59 @@ def test_bad_options_are_refused_at_construction(group_of_one: None) -> None:
         ShardedWanDecoder(torch.nn.Linear(2, 2))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("arguments", "error", "match"),
+    [
+        (
+            {"shard": "depth"},
+            ValueError,
+            "shard must be 'auto', 'height' or 'width', got 'depth'",
+        ),
+        ({"shard": None}, ValueError, "shard must be 'auto', 'height' or 'width', got None"),
+        ({"output_rank": 1}, ValueError, r"output_rank must be a rank of the group \(0..0\), got 1"),
+        ({"output_rank": 0.0}, TypeError, "output_rank must be an int, got float"),
+        ({"collective_timeout": 30}, TypeError, "collective_timeout must be a datetime.timedelta or None"),
+        ({"temb": torch.zeros(1)}, TypeError, "temb"),
+    ],
+)
+def test_sharded_decoder_refuses_bad_arguments_before_any_collective(
+    group_of_one: None, arguments: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        sharded_decoder(tiny_wan21(), **arguments)
+
+
+def test_sharded_decoder_gives_the_wan_adapter_for_the_wan_family(group_of_one: None) -> None:
+    for make in (tiny_wan21, tiny_wan22, tiny_qwen_image):
+        decoder = sharded_decoder(make())
+        assert type(decoder) is ShardedWanDecoder and decoder.shard == "auto"
+    with pytest.raises(TypeError, match="supported diffusers classes"):
+        sharded_decoder(torch.nn.Linear(2, 2))
+
+
+def test_a_group_of_one_with_auto_decodes_alone_like_the_single_process_adapter(group_of_one: None) -> None:
+    vae = tiny_wan21()
+    z = latent(vae, 1, 3, 4, 4)
+    decoder = sharded_decoder(vae)  # auto: a group of one is not split
+    with one_torch_thread():
+        expected: list[Tensor] = []
+        WanChunkedDecoder(vae).decode_with_chunks(z, on_chunk=expected.append)
+        got: list[Tensor] = []
+        decoder.decode_with_chunks(z, on_chunk=got.append)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True)) and len(got) == 3
+    assert decoder.stats.halo_exchanges == 0 and decoder.stats.steps == 3
+
+
+def test_one_decode_at_a_time_per_adapter(group_of_one: None) -> None:
+    vae = tiny_wan21()
+    decoder = sharded_decoder(vae, shard="height")
+    state = decoder.start(1, 4, 4)
+    with pytest.raises(RuntimeError, match="one decode or stream at a time"):
+        decoder.decode_with_chunks(latent(vae, 1, 2, 4, 4), on_chunk=lambda chunk: None)
+    decoder.abort(state, reason="done")
+    decoder.decode_with_chunks(latent(vae, 1, 2, 4, 4), on_chunk=lambda chunk: None)  # free again
+
+
 def test_a_decoder_needs_a_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     with pytest.raises(RuntimeError, match="init_process_group"):
@@ -634,12 +675,13 @@ def test_a_decoder_needs_a_process_group(monkeypatch: pytest.MonkeyPatch) -> Non
 # ----------------------------------------------------------------------------------------------- launch
 
 
-def test_the_torchrun_example_writes_the_video(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pieces", [[], ["--pieces", "1"]], ids=["whole", "in_pieces"])
+def test_the_torchrun_example_writes_the_video(tmp_path: Path, pieces: list[str]) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     example = Path(__file__).parents[1] / "examples" / "distributed_decode.py"
     output = tmp_path / "out.mp4"
     command = [str(torchrun), "--standalone", "--nproc-per-node=2", str(example), "--shard", "height"]
-    command += ["--frames", "3", "--timeout", "60", "-o", str(output)]
+    command += ["--frames", "3", "--timeout", "60", "-o", str(output), *pieces]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     finished = subprocess.run(
         command, capture_output=True, text=True, timeout=JOIN_TIMEOUT, env=env, cwd=tmp_path

@@ -35,6 +35,7 @@ from streamvae.distributed import (
     _launch,
     init_distributed,
 )
+from streamvae.distributed._auto import choose_axis
 from streamvae.distributed._halo import ShardContext, active, check_shardable, halo_rows, install_hooks
 from streamvae.distributed._layout import StripLayout
 from streamvae.models.wan import WanChunkedDecoder
@@ -437,11 +438,11 @@ def test_the_agreement_moves_no_tensor_between_devices_and_uses_only_its_group(
     as_if_nccl(monkeypatch)
     vae = tiny_wan22()
     z = latent(vae, 1, 3, 4, 4)
-    decoder = ShardedWanDecoder(vae)
+    decoder = ShardedWanDecoder(vae, shard="height")
     agreeing = [False]
     copies: list[str] = []
     collectives: list[tuple[str, Any, str]] = []
-    for step in ("_agree", "_check_same_latent"):
+    for step in ("_agree_step", "_agree_boundary"):
         original = getattr(ShardedWanDecoder, step)
 
         def scoped(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
@@ -549,3 +550,24 @@ def test_an_nccl_rank_decodes_with_its_agreement_over_gloo(tmp_path: Path) -> No
     assert report["agreement_timeout"] == timedelta(seconds=30)
     assert report["stats"]["steps"] == 3 and report["stats"]["stopped_at"] is None
     assert report["max_delta"] <= 1e-5, report
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "world", "axis"),
+    [
+        (8, 8, 1, None),  # one rank: nothing to split
+        (8, 8, 2, "height"),  # 32 positions a rank
+        (4, 8, 2, "width"),  # 16 positions a rank, the fewest that pay; columns twice the rows
+        (4, 4, 2, None),  # 8 positions a rank: the collectives cost what the split saves (CPU 0.9×)
+        (30, 52, 2, "height"),  # width strips are strided copies: height wins at comparable sizes
+        (4, 52, 2, "width"),  # width strips 13× taller than height strips
+        (26, 52, 2, "width"),  # exactly twice: width
+        (1, 64, 2, "width"),  # fewer rows than ranks along the height
+        (3, 40, 4, "width"),  # too few rows for every rank along the height
+        (3, 3, 1, None),
+    ],
+)
+def test_auto_chooses_the_axis_from_the_latent_size(
+    height: int, width: int, world: int, axis: str | None
+) -> None:
+    assert choose_axis(height, width, world) == axis

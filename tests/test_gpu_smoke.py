@@ -47,7 +47,8 @@ def test_gpu_smoke_runs_every_check_and_passes() -> None:
         [sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, check=True, timeout=120
     )
     names = listed.stdout.split()
-    assert {name.split(".")[0] for name in names} == {"chunks", "syncs", "wan", "stream_mp4", "codec"}
+    families = {"chunks", "syncs", "sharded", "wan", "stream_mp4", "codec"}
+    assert {name.split(".")[0] for name in names} == families
 
     code, out = run_smoke()
 

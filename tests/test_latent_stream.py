@@ -28,12 +28,12 @@ from streamvae import (
     decode_to_mp4,
     open_latent_stream,
 )
-from streamvae.distributed import ShardedWanDecoder
+from streamvae.distributed import ShardedWanDecoder, sharded_decoder
 from streamvae.models import ChunkedDecoder, DecodeState
 from streamvae.models.wan import WanChunkedDecoder
 from streamvae.testing import check_chunked_decoder, enable_small_tiling, foreign_threads, open_containers
 from tests._adapters import FrameDecoder, FrameVAE
-from tests._media import read_mp4
+from tests._media import DETERMINISTIC_X264, read_mp4
 from tests._vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 
 pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_torch_thread")]
@@ -262,11 +262,40 @@ async def test_a_decoder_that_is_not_causal_across_calls_is_refused_at_open(
             pass
 
 
-async def test_a_sharded_decoder_says_it_takes_whole_latents_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("shard", ["height", "auto"])
+async def test_a_sharded_stream_of_one_rank_writes_the_single_process_video(
+    tmp_path: Path, shard: str
+) -> None:
+    # A group of one: "height" runs the strip machinery (one strip), "auto" does not shard a group of one.
+    # Real ranks stream in tests/test_distributed.py.
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        decoder = ShardedWanDecoder(tiny_wan21())
-        whole_only = "open_latent_stream: ShardedWanDecoder decodes whole latents only"
+        vae = tiny_wan21()
+        z = latent(vae, frames=5, h=4, w=6)
+        decoder = sharded_decoder(vae, shard=shard)  # type: ignore[arg-type]
+        assert isinstance(decoder, ShardedWanDecoder)
+        with anyio.fail_after(HANG_GUARD):
+            async with open_latent_stream(decoder, fps=16, video_codec_options=DETERMINISTIC_X264) as stream:
+                for piece in (z[:, :, :2], z[:, :, 2:3], z[:, :, 3:]):
+                    await stream.push_latents(piece)
+                videos = await stream.finish()
+            single = await decode_to_mp4(vae, z, fps=16, video_codec_options=DETERMINISTIC_X264)
+        assert videos == single
+        assert decoder.stats.latent_frames == 5
+        assert decoder.stats.steps == 5  # one a latent frame, sharded or not
+    finally:
+        dist.destroy_process_group()
+
+
+async def test_a_sharded_decoder_of_a_family_not_causal_across_calls_takes_whole_latents_only(
+    tmp_path: Path,
+) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        decoder = sharded_decoder(AutoencoderKLHunyuanVideo(**TINY_HUNYUAN_VIDEO))
+        whole_only = (
+            "open_latent_stream: ShardedDecoder of an AutoencoderKLHunyuanVideo decodes whole latents only"
+        )
         with pytest.raises(TypeError, match=whole_only):
             async with open_latent_stream(decoder, fps=16):
                 pass

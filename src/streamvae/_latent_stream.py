@@ -11,8 +11,9 @@ per piece, so streams that share one interleave piece by piece instead of waitin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, Unpack
@@ -32,7 +33,6 @@ from streamvae._decode_worker import (
 )
 from streamvae._errors import SessionClosedError
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
-from streamvae._protocol import publish_chunks
 from streamvae._public import public
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
@@ -67,9 +67,10 @@ def open_latent_stream(
 
     ``vae`` is anything :func:`streamvae.models.as_decoder` takes whose decoder is causal across calls:
     the diffusers ``AutoencoderKLWan`` (2.1, 2.2) and ``AutoencoderKLQwenImage``, or a decoder of your own.
-    Any other raises TypeError here, naming those; a sharded decode
-    (:class:`streamvae.distributed.ShardedWanDecoder`) takes whole latents only, its ranks running every
-    step in lockstep on the same latent.
+    Any other raises TypeError here, naming those. Sharded across a process group: every rank opens a
+    stream on its :func:`streamvae.distributed.sharded_decoder` of a Wan-family VAE and pushes the same
+    pieces in the same order; the output rank's MP4 is the single process's, the others' ``finish()``
+    returns ``[]`` (:class:`streamvae.distributed.ShardedWanDecoder` says how the ranks stop together).
 
     Your own causal decoder: subclass :class:`streamvae.models.ChunkedDecoder`, set ``takes_pieces =
     True`` and write three methods. ``start(batch, height, width) -> DecodeState`` begins a stream: return
@@ -94,6 +95,12 @@ def open_latent_stream(
     decoder = as_decoder(vae, owner=_OWNER, pieces=True)
     decoder.check_takes_pieces(owner=_OWNER)
     checked_limiter = check_limiter("decode_limiter", decode_limiter, owner=_OWNER)
+    if not decoder.is_output_rank:
+        # Output files are the output rank's (their directory may exist on its machine only); the other
+        # options are checked on every rank alike, before any collective.
+        session_options = {k: v for k, v in session_options.items() if k != "output_files"}  # type: ignore[assignment]
+        if options is not None:
+            options = dataclasses.replace(options, output_files=None)
     checked = resolve_options(_OWNER, options, session_options, value_range=decoder.chunk_value_range)
     return _opened(decoder, checked_limiter, checked)
 
@@ -202,7 +209,8 @@ class LatentStream:
     async def finish(self) -> list[bytes]:
         """Decode what is left, end the stream's state (pushing any chunk it held back), then finish the
         session: one MP4 per batch entry, as :func:`streamvae.decode_to_mp4` returns them (``b""`` for an
-        entry read through :meth:`open_stream`). Raises the decode's or the session's original error."""
+        entry read through :meth:`open_stream`; ``[]`` on a rank of a sharded decode that does not own the
+        output). Raises the decode's or the session's original error."""
         self._raise_if_failed()
         if self._phase != "open":
             raise SessionClosedError(f"finish() on a latent stream that is {self._phase}")
@@ -213,6 +221,10 @@ class LatentStream:
         if self._started:
             await self._done.wait()
         self._raise_if_failed()
+        if not self.decoder.is_output_rank:  # a distributed decode's other ranks publish nothing
+            self.session.abort()
+            self._phase = "finished"
+            return []
         videos = await self.session.finish()
         self._phase = "finished"
         return videos
@@ -278,29 +290,33 @@ class LatentStream:
         publish = self._counting(chunk_bridge(self.session, _OWNER))
         state: DecodeState | None = None
         device: torch.device | None = None
+        ended = False
+        reason: str | None = None
         try:
             for index in itertools.count():
                 piece = self._next_piece()
                 if piece is None:
                     break
+                if state is None:  # first of all: a distributed decoder's peers hear of any later failure
+                    state = decoder.start(piece.shape[0], piece.shape[3], piece.shape[4])
                 with self._decode_turn():
                     z = decoder.prepare_latents(piece)
                     device = z.device
                     with decode_stream(device):
                         check_finite_latents(z, owner=f"push_latents (piece {index})")
-                        if state is None:
-                            state = decoder.start(z.shape[0], z.shape[3], z.shape[4])
-                        publish_chunks(decoder.feed(state, z), publish)
+                        decoder.feed_with_chunks(state, z, on_chunk=publish)
                 self._latent_frames_decoded += z.shape[2]
                 del piece, z  # held no longer than its decode (a prepared latent may be a device copy)
             if state is not None and device is not None and not self._aborted:
+                ended = True
                 with self._decode_turn(), decode_stream(device):
-                    publish_chunks(decoder.end(state), publish)
+                    decoder.end_with_chunks(state, on_chunk=publish)
+        except BaseException as error:
+            reason = f"{type(error).__name__}: {error}"
+            raise
         finally:
-            if state is not None:  # after a failure or an abort: free the caches now, publish nothing
-                chunks = decoder.end(state)
-                if isinstance(chunks, Generator):
-                    chunks.close()
+            if state is not None and not ended:  # after a failure or an abort: free the caches now
+                decoder.abort(state, reason=reason or "the stream was left before finish()")
 
     def _counting(self, on_chunk: Callable[[Tensor], None]) -> Callable[[Tensor], None]:
         def publish(chunk: Tensor) -> None:

@@ -101,10 +101,10 @@ def decode_job(args: argparse.Namespace) -> DecodeJob:
         vae.enable_tiling()
     decoder = vae
     if args.shard is not None:
-        from streamvae.distributed import ShardedWanDecoder
+        from streamvae.distributed import sharded_decoder
 
         try:
-            decoder = ShardedWanDecoder(vae, shard=args.shard)
+            decoder = sharded_decoder(vae, shard=args.shard)
         except (TypeError, ValueError) as error:
             raise CliError(f"--shard {args.shard}: {error}") from error
     options = session_options(args, decoder, fps=args.fps, **audio)

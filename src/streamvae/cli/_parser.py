@@ -97,8 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     decode.add_argument(
         "--shard",
-        choices=["height", "width"],
-        help="split each frame across the ranks of a torchrun launch (Wan family; rank 0 writes the MP4)",
+        choices=["auto", "height", "width"],
+        help="split each frame across the ranks of a torchrun launch, along the latent's height, its width, "
+        "or the axis that costs least (auto: it may also decide not to split); every family; rank 0 writes "
+        "the MP4",
     )
     decode.add_argument(
         "--device", type=parse_device, help="cpu, cuda or cuda:N (default cuda where there is one, else cpu)"

@@ -12,8 +12,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-ShardAxis = Literal["height", "width"]
-"""The latent axis split across the ranks."""
+ShardAxis = Literal["auto", "height", "width"]
+"""The latent axis split across the ranks, or ``"auto"``: chosen per decode from the latent's size."""
 
 AXIS_DIM: dict[str, int] = {"height": -2, "width": -1}  # the same for BCTHW activations and (B·T)CHW ones
 
@@ -57,6 +57,15 @@ class StripLayout:
     def max_rows(self) -> int:
         """Latent rows in the tallest strip: what every rank pads to, so all send one shape."""
         return max(stop - start for start, stop in self.bounds)
+
+    def strip_of(self, z: Tensor) -> Tensor:
+        """This rank's strip of latent ``z`` (its rows along the axis), contiguous."""
+        start, stop = self.bounds[self.strip]
+        return z.narrow(self.axis, start, stop - start).contiguous()
+
+    def strip_size(self, height: int, width: int) -> tuple[int, int]:
+        """The (height, width) of this rank's strip of a ``height`` × ``width`` latent."""
+        return (self.rows, width) if self.axis == -2 else (height, self.rows)
 
     def scale_of(self, activation: Tensor) -> int:
         """How many activation rows this layer has per latent row (the decoder upsamples by whole factors)."""

@@ -233,6 +233,24 @@ class ChunkedDecoder:
         state.ended = True
         return _without_grad(self.end_chunks(state))
 
+    def feed_with_chunks(self, state: DecodeState, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        """:meth:`feed` piece ``z`` and publish its chunks into ``on_chunk`` under the failure rule (as
+        :meth:`decode_with_chunks` does a whole latent's). What :func:`streamvae.open_latent_stream`
+        calls; a distributed decoder overrides it to step in lockstep with its peers."""
+        publish_chunks(self.feed(state, z), on_chunk, drain=self.drain)
+
+    def end_with_chunks(self, state: DecodeState, *, on_chunk: Callable[[Tensor], None]) -> None:
+        """:meth:`end` ``state``'s stream and publish the chunks it held back into ``on_chunk``."""
+        publish_chunks(self.end(state), on_chunk, drain=self.drain)
+
+    def abort(self, state: DecodeState, *, reason: str | None = None) -> None:
+        """End ``state``'s stream without its held-back chunks (after a failure, or a stream left before
+        its end): its caches are freed now. ``reason`` says why, for a distributed decoder's peers."""
+        chunks = self.end(state)
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
     def piece_chunks(self, state: DecodeState, z: Tensor) -> Generator[Tensor, None, None]:
         """What a piece-taking family writes (with :meth:`start`): yield the chunks piece ``z`` makes final,
         counting ``state.decoded`` as its latent frames are decoded. Called by :meth:`feed`, without autograd.

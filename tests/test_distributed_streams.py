@@ -1,0 +1,267 @@
+"""Latents in pieces across ranks: every rank streams the same pieces through ``open_latent_stream``.
+
+Real processes (torch.multiprocessing spawn, gloo), as in tests/test_distributed.py: one group of two ranks
+runs every scenario in one spawn, each rank writing what it saw to a file. A hung rank fails the test (the
+group is joined with a deadline and killed past it). The reference is the single process's
+``decode_to_mp4(vae, torch.cat(pieces, dim=2))`` with one torch thread and deterministic x264.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from streamvae import decode_to_mp4, open_latent_stream
+from streamvae.distributed import PeerDecodeError, sharded_decoder
+from tests._media import DETERMINISTIC_X264, read_mp4
+from tests._ranks import spawn_ranks
+from tests._vaes import latent, tiny_wan21, tiny_wan22
+
+FAMILIES = {"wan21": tiny_wan21, "wan22": tiny_wan22}
+GLOO_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective raises after this
+JOIN_TIMEOUT = 300.0  # a group that has not finished by then hung: the test fails
+STALL_TIMEOUT = 3.0  # the process group timeout of the stalled-rank scenario
+STALL_SECONDS = 4 * STALL_TIMEOUT  # how long its stalled rank waits before its next push
+WORLD = 2
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A stream every rank runs: its pieces (latent frames each), and what goes wrong on which rank."""
+
+    name: str
+    family: str = "wan21"
+    pieces: tuple[int, ...] = (1, 2, 1)
+    height: int = 8
+    width: int = 8
+    shard: str = "height"
+    backend: str = "asyncio"
+    output_rank: int = 0
+    exact: bool = True  # the sharded chunks were measured bit-equal to the single process's (whole latents)
+    codec_options: dict[str, str] = field(default_factory=lambda: dict(DETERMINISTIC_X264))
+    longer_piece: tuple[int, int] | None = None  # (rank, piece): that rank's piece has one more frame
+    nan_piece: tuple[int, int] | None = None  # (rank, piece): that rank's piece holds a NaN
+    cancel_after: tuple[int, int] | None = None  # (rank, piece): that rank's block is cancelled after it
+    stall_before: tuple[int, int] | None = None  # (rank, piece): that rank waits STALL_SECONDS before it
+    group_timeout: float | None = None  # stream over a new group with this timeout (seconds)
+    alone: bool = False  # auto decides not to shard: the output rank decodes, the others follow
+
+
+STREAMS = [
+    Stream("wan21_height"),
+    Stream("wan22_width_owner_1", "wan22", (2, 1), 8, 8, shard="width", backend="trio", output_rank=1),
+    Stream("wan21_frame_by_frame_trio", pieces=(1, 1, 1, 1), backend="trio"),
+    Stream("wan21_auto", pieces=(2, 2), shard="auto", exact=False),
+    # 2×4 latent positions on 2 ranks: too few to pay for a split
+    Stream("wan21_auto_too_small_to_split", pieces=(1, 2), height=2, width=4, shard="auto", alone=True),
+    Stream("wan21_pieces_differ", longer_piece=(1, 1)),
+    Stream("wan21_rank_1_nan_piece", backend="trio", nan_piece=(1, 2)),
+    Stream("wan21_rank_1_cancelled", pieces=(1, 1, 1), cancel_after=(1, 0)),
+    Stream("wan21_owner_encoder_rejects_its_options", pieces=(1, 1, 1, 1), codec_options={"preset": "nope"}),
+    # Last: the stalled rank's peer leaves the stream's group behind.
+    Stream("wan21_rank_1_stops_pushing", stall_before=(1, 1), group_timeout=STALL_TIMEOUT),
+]
+BY_NAME = {s.name: s for s in STREAMS}
+
+
+@dataclass
+class RankResult:
+    rank: int
+    videos: list[bytes] | None = None  # what finish() returned; None if it raised or was cancelled
+    error: tuple[str, str] | None = None  # (type name, message)
+    error_bases: tuple[str, ...] = ()
+    peer_rank: int | None = None  # PeerDecodeError.rank
+    cancelled: bool = False
+    seconds: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- in each rank
+
+
+def pieces_of(stream: Stream, rank: int) -> list[Tensor]:
+    vae = FAMILIES[stream.family]()
+    z = latent(vae, 1, sum(stream.pieces), stream.height, stream.width)
+    pieces = list(z.split(list(stream.pieces), dim=2))
+    if stream.longer_piece is not None and stream.longer_piece[0] == rank:
+        index = stream.longer_piece[1]
+        pieces[index] = torch.cat([pieces[index], pieces[index][:, :, -1:]], dim=2)
+    if stream.nan_piece is not None and stream.nan_piece[0] == rank:
+        pieces[stream.nan_piece[1]] = pieces[stream.nan_piece[1]].clone()
+        pieces[stream.nan_piece[1]][0, 0, 0, 0, 0] = float("nan")
+    return pieces
+
+
+def _run_stream(stream: Stream, rank: int) -> RankResult:
+    group = None
+    if stream.group_timeout is not None:
+        group = dist.new_group(timeout=timedelta(seconds=stream.group_timeout))
+    vae = FAMILIES[stream.family]()
+    decoder = sharded_decoder(vae, shard=stream.shard, group=group, output_rank=stream.output_rank)  # type: ignore[arg-type]
+    pieces = pieces_of(stream, rank)
+
+    async def run() -> list[bytes] | None:
+        with anyio.CancelScope() as scope:
+            async with open_latent_stream(decoder, fps=8, video_codec_options=stream.codec_options) as opened:
+                for index, piece in enumerate(pieces):
+                    if stream.stall_before == (rank, index):
+                        await anyio.sleep(STALL_SECONDS)  # stops pushing for longer than the timeout
+                    await opened.push_latents(piece)
+                    if stream.cancel_after == (rank, index):
+                        scope.cancel()
+                        await anyio.sleep(0)
+                return await opened.finish()
+        return None
+
+    result = RankResult(rank=rank)
+    started = time.monotonic()
+    try:
+        result.videos = anyio.run(run, backend=stream.backend)
+        result.cancelled = result.videos is None
+    except Exception as error:
+        result.error = (type(error).__name__, str(error))
+        result.error_bases = tuple(cls.__name__ for cls in type(error).__mro__)
+        result.peer_rank = error.rank if isinstance(error, PeerDecodeError) else None
+    result.seconds = time.monotonic() - started
+    result.stats = dataclasses.asdict(decoder.stats)
+    return result
+
+
+def _rank_main(rank: int, folder: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=WORLD, timeout=GLOO_TIMEOUT
+    )
+    try:
+        results: dict[str, RankResult] = {}
+        for index, stream in enumerate(STREAMS):
+            results[stream.name] = _run_stream(stream, rank)
+            torch.save(results, f"{folder}/rank{rank}.pt")
+            if index + 1 < len(STREAMS):
+                dist.barrier()  # a stream that failed leaves its ranks apart: start the next together
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[RankResult]]:
+    folder = tmp_path_factory.mktemp("streams")
+    spawn_ranks(WORLD, _rank_main, (str(folder),), deadline_s=JOIN_TIMEOUT)
+    per_rank = [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
+    return {s.name: [results[s.name] for results in per_rank] for s in STREAMS}
+
+
+def single_process_video(stream: Stream) -> bytes:
+    vae = FAMILIES[stream.family]()
+    z = torch.cat(pieces_of(stream, -1), dim=2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        (video,) = anyio.run(lambda: decode_to_mp4(vae, z, fps=8, video_codec_options=stream.codec_options))
+    finally:
+        torch.set_num_threads(threads)
+    return video
+
+
+COMPLETE = [
+    "wan21_height",
+    "wan22_width_owner_1",
+    "wan21_frame_by_frame_trio",
+    "wan21_auto",
+    "wan21_auto_too_small_to_split",
+]
+
+
+# ------------------------------------------------------------------------------------------------ tests
+
+
+@pytest.mark.parametrize("name", COMPLETE)
+def test_the_output_rank_writes_the_single_process_video_and_the_others_get_an_empty_list(
+    ranks: dict[str, list[RankResult]], name: str
+) -> None:
+    stream = BY_NAME[name]
+    results = ranks[name]
+    single = single_process_video(stream)
+    owner = results[stream.output_rank]
+    assert owner.error is None and owner.videos is not None, owner.error
+    if stream.exact:
+        assert owner.videos == [single]  # byte-identical under deterministic x264
+    else:
+        got, want = read_mp4(owner.videos[0]).frames, read_mp4(single).frames
+        assert got.shape == want.shape
+        assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    for rank, result in enumerate(results):
+        if rank != stream.output_rank:
+            assert result.error is None and result.videos == []
+    counts = {(r.stats["collectives"], r.stats["latent_frames"]) for r in results}
+    assert len(counts) == 1, [r.stats for r in results]  # every rank ran the same collectives
+    assert results[0].stats["latent_frames"] == sum(stream.pieces)
+    steps = [r.stats["steps"] for r in results]
+    if stream.alone:  # only the output rank decodes; no halo was exchanged
+        assert steps[stream.output_rank] == sum(stream.pieces) and sum(steps) == sum(stream.pieces)
+        assert all(r.stats["halo_exchanges"] == 0 for r in results)
+    else:
+        assert steps == [sum(stream.pieces)] * WORLD and results[0].stats["halo_exchanges"] > 0
+
+
+def test_pieces_whose_shapes_differ_between_ranks_are_a_value_error_on_every_rank(
+    ranks: dict[str, list[RankResult]],
+) -> None:
+    for result in ranks["wan21_pieces_differ"]:
+        assert result.error is not None and result.error[0] == "ValueError", result.error
+        assert "they differ" in result.error[1]
+        assert "rank 0: a piece of shape [1, 16, 2, 8, 8]" in result.error[1]
+        assert "rank 1: a piece of shape [1, 16, 3, 8, 8]" in result.error[1]
+        assert result.seconds < GLOO_TIMEOUT.total_seconds() / 2  # nobody waited out a collective
+
+
+def test_a_rank_whose_piece_fails_its_check_stops_the_other_at_that_piece(
+    ranks: dict[str, list[RankResult]],
+) -> None:
+    owner, failing = ranks["wan21_rank_1_nan_piece"]
+    assert failing.error is not None and failing.error[0] == "ValueError"
+    assert "must be finite" in failing.error[1]
+    assert owner.error is not None and owner.error[0] == "PeerDecodeError", owner.error
+    assert owner.peer_rank == 1 and "rank 1 stopped the decode" in owner.error[1]
+    assert "ValueError" in owner.error[1] and "must be finite" in owner.error[1]
+    assert owner.stats["latent_frames"] == 3  # the two pieces before it
+    assert owner.seconds < GLOO_TIMEOUT.total_seconds() / 2
+
+
+def test_a_rank_cancelled_mid_stream_stops_the_other(ranks: dict[str, list[RankResult]]) -> None:
+    owner, cancelled = ranks["wan21_rank_1_cancelled"]
+    assert cancelled.cancelled and cancelled.error is None
+    assert owner.error is not None and owner.error[0] == "PeerDecodeError", owner.error
+    assert owner.peer_rank == 1
+    assert owner.seconds < GLOO_TIMEOUT.total_seconds() / 2
+
+
+def test_an_output_rank_whose_encoder_fails_stops_every_rank(ranks: dict[str, list[RankResult]]) -> None:
+    owner, peer = ranks["wan21_owner_encoder_rejects_its_options"]
+    assert owner.error is not None and "avcodec_open2" in owner.error[1], owner.error
+    assert peer.error is not None and peer.error[0] == "PeerDecodeError", peer.error
+    assert peer.peer_rank is None and "output rank 0 stopped the decode" in peer.error[1]
+    assert owner.error[0] in peer.error[1]
+    assert owner.stats["stopped_at"] == peer.stats["stopped_at"] is not None
+
+
+def test_a_rank_that_stops_pushing_makes_its_peer_raise_after_the_collective_timeout(
+    ranks: dict[str, list[RankResult]],
+) -> None:
+    owner, _ = ranks["wan21_rank_1_stops_pushing"]
+    assert owner.error is not None and "RuntimeError" in owner.error_bases, owner.error
+    # The wait is the agreement's, bounded by the group's timeout: not by how long the peer stays silent.
+    assert STALL_TIMEOUT * 0.9 <= owner.seconds < STALL_SECONDS * 0.75
+    assert owner.stats["latent_frames"] == 1
