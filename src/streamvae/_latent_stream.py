@@ -11,9 +11,8 @@ per piece, so streams that share one interleave piece by piece instead of waitin
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Literal, Unpack
@@ -95,13 +94,12 @@ def open_latent_stream(
     decoder = as_decoder(vae, owner=_OWNER, pieces=True)
     decoder.check_takes_pieces(owner=_OWNER)
     checked_limiter = check_limiter("decode_limiter", decode_limiter, owner=_OWNER)
+    keywords: Mapping[str, object] = session_options
     if not decoder.is_output_rank:
         # Output files are the output rank's (their directory may exist on its machine only); the other
-        # options are checked on every rank alike, before any collective.
-        session_options = {k: v for k, v in session_options.items() if k != "output_files"}  # type: ignore[assignment]
-        if options is not None:
-            options = dataclasses.replace(options, output_files=None)
-    checked = resolve_options(_OWNER, options, session_options, value_range=decoder.chunk_value_range)
+        # options are checked on every rank alike, before any collective (as decode_to_mp4 does).
+        keywords = {name: value for name, value in session_options.items() if name != "output_files"}
+    checked = resolve_options(_OWNER, options, keywords, value_range=decoder.chunk_value_range)
     return _opened(decoder, checked_limiter, checked)
 
 

@@ -413,6 +413,8 @@ def _route_kernel(decoder: nn.Module, layer: nn.Conv2d | nn.Conv3d) -> None:
         extra = context.extra_rows.pop(id(layer), None) if context is not None else None
         if context is None or not extra or layer.groups != 1 or isinstance(layer.padding, str):
             return plain(layer, x, weight, bias)
+        if _SELECT_CONV_BACKEND is None:  # a torch without the private selector: the strip's own kernel
+            return plain(layer, x, weight, bias)
         shape = list(x.shape)
         shape[context.layout.axis] += extra
         whole = x.new_zeros(()).expand(shape)  # the whole frame's shape, no memory
@@ -426,10 +428,15 @@ def _route_kernel(decoder: nn.Module, layer: nn.Conv2d | nn.Conv3d) -> None:
     layer._conv_forward = conv_forward  # type: ignore[method-assign,assignment]
 
 
+#: torch's private choice of convolution kernel (present in torch 2.x); None where a torch lacks it
+_SELECT_CONV_BACKEND: Callable[..., Any] | None = getattr(torch._C, "_select_conv_backend", None)
+
+
 def _select_backend(layer: nn.Conv2d | nn.Conv3d, x: Tensor, weight: Tensor, bias: Tensor | None) -> str:
     """The backend ``F.conv*`` would run for ``x``, by name (``torch._C._select_conv_backend``'s choice)."""
+    assert _SELECT_CONV_BACKEND is not None
     zeros = [0] * len(layer.stride)
-    backend = torch._C._select_conv_backend(
+    backend = _SELECT_CONV_BACKEND(
         x, weight, bias, layer.stride, layer.padding, layer.dilation, False, zeros, layer.groups, None
     )
     return str(backend.name)
