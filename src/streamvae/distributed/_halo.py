@@ -295,14 +295,9 @@ def install_hooks(decoder: nn.Module) -> None:
         for layer in decoder.modules():
             if layer in skipped:
                 continue
-            inner = _self_padded_inner(layer)
-            if inner is not None:
-                if all(k == 1 for k in inner.kernel_size[-2:]):
-                    continue  # mixes no rows
-                layer.register_forward_pre_hook(_padded_conv_pre_hook(decoder), with_kwargs=True)
-                layer.register_forward_hook(_padded_conv_crop_hook(decoder))
-                continue
-            spatial = isinstance(layer, (nn.Conv2d, nn.Conv3d)) and any(k > 1 for k in layer.kernel_size[-2:])
+            inner = _self_padded_inner(layer)  # a self-padding wrapper is hooked for its inner conv
+            conv = layer if inner is None else inner
+            spatial = isinstance(conv, (nn.Conv2d, nn.Conv3d)) and any(k > 1 for k in conv.kernel_size[-2:])
             if spatial:
                 layer.register_forward_pre_hook(_conv_pre_hook(decoder), with_kwargs=True)
             elif layer in whole_frame:
@@ -358,7 +353,10 @@ def _conv_pre_hook(decoder: nn.Module) -> _PreHook:
             (x,), top, bottom = context.extend([x], halo)
             args = (x, *args[1:])
         context.crops[id(layer)] = (top, bottom)
-        whole_frame_kernel(decoder, context, layer, strip, x)
+        # A self-padding wrapper pads what it is given: the halo rows go in before its F.pad (which pads
+        # them too, rows the crop drops) and its inner conv, which convolves that, gets the kernel.
+        inner = _self_padded_inner(layer)
+        whole_frame_kernel(decoder, context, layer if inner is None else inner, strip, x)
         return args, kwargs
 
     return hook
@@ -482,61 +480,23 @@ def _unalign_hook(decoder: nn.Module) -> Callable[[nn.Module, tuple[Any, ...], T
     return hook
 
 
-def _crop_hook(decoder: nn.Module) -> Callable[[nn.Module, tuple[Any, ...], Tensor], Tensor | None]:
-    def hook(layer: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
-        context = _context_for(decoder)
-        if context is None:
-            return None
-        top, bottom = context.crops.pop(id(layer))
-        axis = context.layout.axis
-        return output.narrow(axis, top, output.shape[axis] - top - bottom)
-
-    return hook
-
-
-# ----------------------------------------------------------------------- layers the Wan family lacks
-
-
-def _padded_conv_pre_hook(decoder: nn.Module) -> _PreHook:
-    def hook(
-        layer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        context = _context_for(decoder)
-        if context is None:
-            return None
-        # The wrapper pads what it is given: the halo rows go in before its F.pad, which then pads them too
-        # (rows that the crop drops), and at the frame's edges pads the strip as it pads the frame.
-        halo = halo_rows(layer, context.layout.axis)
-        top = bottom = 0
-        strip = x = args[0]
-        if halo:
-            (x,), top, bottom = context.extend([strip], halo)
-            args = (x, *args[1:])
-        # The inner conv convolves what the wrapper pads: give it the whole frame's kernel too.
-        inner = getattr(layer, "conv", None)
-        if isinstance(inner, nn.Module):
-            whole_frame_kernel(decoder, context, inner, strip, x)
-        context.crops[id(layer)] = (top, bottom)
-        return args, kwargs
-
-    return hook
-
-
-def _padded_conv_crop_hook(
-    decoder: nn.Module,
-) -> Callable[[nn.Module, tuple[Any, ...], Any], Any]:
+def _crop_hook(decoder: nn.Module) -> Callable[[nn.Module, tuple[Any, ...], Any], Any]:
     def hook(layer: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
         context = _context_for(decoder)
         if context is None:
             return None
         top, bottom = context.crops.pop(id(layer))
         axis = context.layout.axis
-        # CogVideoX's causal conv returns (output, conv_cache); in replicate mode its cache is None.
+        # CogVideoX's self-padding causal conv returns (output, conv_cache); in replicate mode its cache is
+        # None. Every other hooked layer returns the activation alone.
         first: Tensor = output[0] if isinstance(output, tuple) else output
         cropped = first.narrow(axis, top, first.shape[axis] - top - bottom)
         return (cropped, *output[1:]) if isinstance(output, tuple) else cropped
 
     return hook
+
+
+# ----------------------------------------------------------------------- layers the Wan family lacks
 
 
 def _wrap_group_norm(layer: nn.GroupNorm, decoder: nn.Module) -> None:
