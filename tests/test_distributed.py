@@ -41,8 +41,8 @@ from streamvae.distributed import (
     sharded_decoder,
 )
 from streamvae.models.wan import WanChunkedDecoder
-from tests._media import DETERMINISTIC_X264, read_luma, read_mp4
-from tests._ranks import spawn_ranks
+from tests._media import DETERMINISTIC_X264, read_mp4
+from tests._ranks import decode_with_the_cli_sharded_and_alone, spawn_ranks
 from tests._vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 
 FAMILIES: dict[str, Callable[[], Any]] = {
@@ -693,32 +693,8 @@ def test_the_torchrun_example_writes_the_video(tmp_path: Path, pieces: list[str]
 
 def test_torchrun_streamvae_decode_with_shard_matches_the_single_process_video(tmp_path: Path) -> None:
     vae = tiny_wan21()
-    vae.save_pretrained(tmp_path / "vae")
-    torch.save(latent(vae, frames=3), tmp_path / "latents.pt")
-    torchrun = Path(sys.executable).with_name("torchrun")
-    common = ["latents.pt", "--vae", "vae", "--fps", "8", "--crf", "0", "--quiet"]
-    command = [str(torchrun), "--standalone", "--nproc-per-node=2", "-m", "streamvae", "decode", *common]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    sharded = subprocess.run(
-        [*command, "-o", "sharded.mp4", "--shard", "height"],
-        capture_output=True,
-        text=True,
-        timeout=JOIN_TIMEOUT,
-        env=env,
-        cwd=tmp_path,
+    sharded_luma, single_luma = decode_with_the_cli_sharded_and_alone(
+        tmp_path, vae, latent(vae, frames=3), "height", timeout_s=JOIN_TIMEOUT
     )
-    assert sharded.returncode == 0, sharded.stderr[-4000:]
-    assert sharded.stdout.count("sharded.mp4:") == 1  # only the output rank writes and reports
-    single = subprocess.run(
-        [sys.executable, "-m", "streamvae", "decode", *common, "-o", "single.mp4"],
-        capture_output=True,
-        text=True,
-        timeout=JOIN_TIMEOUT,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert single.returncode == 0, single.stderr[-4000:]
-    sharded_luma = read_luma((tmp_path / "sharded.mp4").read_bytes())
-    single_luma = read_luma((tmp_path / "single.mp4").read_bytes())
     assert sharded_luma.shape == (9, 64, 64)
     assert np.abs(sharded_luma.astype(int) - single_luma.astype(int)).max() <= 1

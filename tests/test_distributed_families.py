@@ -14,9 +14,6 @@ What is asserted is what was measured on this repository's 2-core AVX2 CPU (docs
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -39,8 +36,7 @@ from streamvae import quantize_chunk
 from streamvae.distributed import ShardedDecoder, sharded_decoder
 from streamvae.distributed._halo import check_shardable, install_hooks
 from streamvae.distributed._layout import AXIS_DIM
-from tests._media import read_luma
-from tests._ranks import spawn_ranks
+from tests._ranks import decode_with_the_cli_sharded_and_alone, spawn_ranks
 
 GLOO_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective raises after this
 JOIN_TIMEOUT = 240.0  # a group that has not finished by then hung: the test fails
@@ -301,28 +297,9 @@ def test_torchrun_streamvae_decode_shards_a_cogvideox_like_the_single_process(
     tmp_path: Path, shard: str
 ) -> None:
     vae = tiny_cogvideox()
-    vae.save_pretrained(tmp_path / "vae")
-    torch.save(Scenario("cogvideox", 5, 6, 8, shard).latent(vae), tmp_path / "latents.pt")
-    common = ["latents.pt", "--vae", "vae", "--fps", "8", "--crf", "0", "--quiet"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    torchrun = Path(sys.executable).with_name("torchrun")
-    commands = {
-        "sharded": [str(torchrun), "--standalone", "--nproc-per-node=2", "-m", "streamvae", "decode"],
-        "single": [sys.executable, "-m", "streamvae", "decode"],
-    }
-    for name, command in commands.items():
-        extra = ["--shard", shard] if name == "sharded" else []
-        finished = subprocess.run(
-            [*command, *common, "-o", f"{name}.mp4", *extra],
-            capture_output=True,
-            text=True,
-            timeout=JOIN_TIMEOUT,
-            env=env,
-            cwd=tmp_path,
-        )
-        assert finished.returncode == 0, finished.stderr[-4000:]
-        assert finished.stdout.count(f"{name}.mp4:") == 1  # only the output rank writes and reports
-    sharded_luma = read_luma((tmp_path / "sharded.mp4").read_bytes())
-    single_luma = read_luma((tmp_path / "single.mp4").read_bytes())
+    z = Scenario("cogvideox", 5, 6, 8, shard).latent(vae)
+    sharded_luma, single_luma = decode_with_the_cli_sharded_and_alone(
+        tmp_path, vae, z, shard, timeout_s=JOIN_TIMEOUT
+    )
     assert sharded_luma.shape == single_luma.shape == (17, 48, 64)
     assert np.abs(sharded_luma.astype(int) - single_luma.astype(int)).max() <= 1
