@@ -9,14 +9,32 @@ outputs span the value range, vary over space and time, and a share of them hits
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
-from diffusers import AutoencoderKLQwenImage, AutoencoderKLWan
+from diffusers import (
+    AutoencoderKLCogVideoX,
+    AutoencoderKLHunyuanVideo,
+    AutoencoderKLLTX2Video,
+    AutoencoderKLLTXVideo,
+    AutoencoderKLQwenImage,
+    AutoencoderKLWan,
+)
 from torch import nn
 
 from streamvae.testing import TINY_VAE_CONFIGS
 
-__all__ = ["latent", "tiny_qwen_image", "tiny_wan21", "tiny_wan22"]
+__all__ = [
+    "latent",
+    "tiny_cogvideox",
+    "tiny_hunyuan_video",
+    "tiny_ltx2_video",
+    "tiny_ltx_video",
+    "tiny_qwen_image",
+    "tiny_wan21",
+    "tiny_wan22",
+    "with_small_ltx_windows",
+]
 
 
 def _randomize(vae: nn.Module, seed: int) -> None:
@@ -77,3 +95,55 @@ def latent(
     generator = torch.Generator().manual_seed(seed)
     dtype = next(vae.parameters()).dtype
     return torch.randn(batch, z_dim, frames, h, w, generator=generator).to(dtype)
+
+
+# The families beyond Wan: default initialisation, small layouts (8 channels or fewer, 8× compression).
+
+
+def tiny_hunyuan_video(min_frames: int = 12, stride_frames: int = 8) -> AutoencoderKLHunyuanVideo:
+    """HunyuanVideo: GroupNorm of 4 groups; windows of ``min_frames`` sample frames every ``stride_frames``
+    (by default 3 latents + 1 every 2)."""
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo(
+        latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4
+    ).eval()
+    vae.tile_sample_min_num_frames = min_frames
+    vae.tile_sample_stride_num_frames = stride_frames
+    return vae
+
+
+def tiny_cogvideox() -> AutoencoderKLCogVideoX:
+    """CogVideoX: latent batches of 2 (7 latents: 3, 2, 2), GroupNorm of 4 groups."""
+    torch.manual_seed(0)
+    return AutoencoderKLCogVideoX(
+        latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4
+    ).eval()
+
+
+#: LTX-Video and LTX-2 layouts: 8 latent channels, patch_size 1
+TINY_LTX = {"latent_channels": 8, "layers_per_block": (1, 1, 1, 1, 1), "patch_size": 1}
+
+
+def with_small_ltx_windows(vae: Any) -> Any:
+    """Temporal tiling on: windows of 24 sample frames (3 latents + 1) every 16 (2 latents)."""
+    vae.use_framewise_decoding = True
+    vae.tile_sample_min_num_frames = 24
+    vae.tile_sample_stride_num_frames = 16
+    return vae.eval()
+
+
+def tiny_ltx_video(**config: Any) -> AutoencoderKLLTXVideo:
+    """LTX-Video with small windows; ``config`` adds to it (``timestep_conditioning=True``, ...)."""
+    torch.manual_seed(0)
+    blocks = {"block_out_channels": (8, 8, 8, 8), "decoder_block_out_channels": (8, 8, 8, 8)}
+    layers = {"decoder_layers_per_block": (1, 1, 1, 1, 1)}
+    return with_small_ltx_windows(AutoencoderKLLTXVideo(**TINY_LTX, **blocks, **layers, **config))
+
+
+def tiny_ltx2_video() -> AutoencoderKLLTX2Video:
+    """LTX-2 with small windows."""
+    torch.manual_seed(0)
+    blocks = {"block_out_channels": (8, 16, 32, 64), "decoder_block_out_channels": (8, 16, 32)}
+    layers = {"decoder_layers_per_block": (1, 1, 1, 1)}
+    ratios = {"spatial_compression_ratio": 8, "temporal_compression_ratio": 8}
+    return with_small_ltx_windows(AutoencoderKLLTX2Video(**TINY_LTX, **blocks, **layers, **ratios))

@@ -23,12 +23,6 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from diffusers import (
-    AutoencoderKLCogVideoX,
-    AutoencoderKLHunyuanVideo,
-    AutoencoderKLLTX2Video,
-    AutoencoderKLLTXVideo,
-)
 from diffusers.models.attention_processor import Attention
 from torch import Tensor
 
@@ -37,6 +31,7 @@ from streamvae.distributed import ShardedDecoder, sharded_decoder
 from streamvae.distributed._halo import check_shardable, install_hooks
 from streamvae.distributed._layout import AXIS_DIM
 from tests._ranks import decode_with_the_cli_sharded_and_alone, spawn_ranks
+from tests._vaes import tiny_cogvideox, tiny_hunyuan_video, tiny_ltx2_video, tiny_ltx_video
 
 GLOO_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective raises after this
 JOIN_TIMEOUT = 240.0  # a group that has not finished by then hung: the test fails
@@ -47,62 +42,16 @@ pytestmark = pytest.mark.slow
 # ------------------------------------------------------------------------------------------- tiny VAEs
 
 
-def tiny_hunyuan() -> AutoencoderKLHunyuanVideo:
-    """tests/test_models_hunyuan_video.py's: windows of 3 latents + 1 every 2, GroupNorm of 4 groups."""
-    torch.manual_seed(0)
-    vae = AutoencoderKLHunyuanVideo(
-        latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4
-    ).eval()
-    vae.tile_sample_min_num_frames = 12
-    vae.tile_sample_stride_num_frames = 8
-    return vae
-
-
-def _small_ltx_windows(vae: Any) -> Any:
-    """tests/test_models_ltx_video.py's: windows of 3 latents + 1 every 2."""
-    vae.use_framewise_decoding = True
-    vae.tile_sample_min_num_frames = 24
-    vae.tile_sample_stride_num_frames = 16
-    return vae.eval()
-
-
-_LTX = {"latent_channels": 8, "layers_per_block": (1, 1, 1, 1, 1), "patch_size": 1}
-
-
-def tiny_ltx(**config: Any) -> AutoencoderKLLTXVideo:
-    torch.manual_seed(0)
-    blocks = {"block_out_channels": (8, 8, 8, 8), "decoder_block_out_channels": (8, 8, 8, 8)}
-    layers = {"decoder_layers_per_block": (1, 1, 1, 1, 1)}
-    return _small_ltx_windows(AutoencoderKLLTXVideo(**_LTX, **blocks, **layers, **config))
-
-
-def tiny_ltx2() -> AutoencoderKLLTX2Video:
-    torch.manual_seed(0)
-    blocks = {"block_out_channels": (8, 16, 32, 64), "decoder_block_out_channels": (8, 16, 32)}
-    ratios = {"spatial_compression_ratio": 8, "temporal_compression_ratio": 8}
-    return _small_ltx_windows(
-        AutoencoderKLLTX2Video(**_LTX, **blocks, decoder_layers_per_block=(1, 1, 1, 1), **ratios)
-    )
-
-
-def tiny_cogvideox() -> AutoencoderKLCogVideoX:
-    """tests/test_models_cogvideox.py's: latent batches of 2 (7 latents: 3, 2, 2), GroupNorm of 4 groups."""
-    torch.manual_seed(0)
-    return AutoencoderKLCogVideoX(
-        latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4
-    ).eval()
-
-
 def family(name: str) -> tuple[Any, dict[str, Any]]:
     """A fresh tiny VAE of ``name`` and the keywords its adapter (and ``vae.decode``) takes."""
     if name == "hunyuan":
-        return tiny_hunyuan(), {}
+        return tiny_hunyuan_video(), {}
     if name == "ltx":
-        return tiny_ltx(), {}
+        return tiny_ltx_video(), {}
     if name == "ltx_temb":
-        return tiny_ltx(timestep_conditioning=True), {"temb": torch.tensor([0.05])}
+        return tiny_ltx_video(timestep_conditioning=True), {"temb": torch.tensor([0.05])}
     if name == "ltx2":
-        return tiny_ltx2(), {}
+        return tiny_ltx2_video(), {}
     assert name == "cogvideox"
     return tiny_cogvideox(), {}
 
@@ -269,7 +218,7 @@ def test_a_plain_decode_is_unaffected_by_the_hooks(name: str) -> None:
 
 
 def test_injected_noise_is_refused_naming_the_layer() -> None:
-    vae = tiny_ltx(decoder_inject_noise=(True, False, False, False, False))
+    vae = tiny_ltx_video(decoder_inject_noise=(True, False, False, False, False))
     with pytest.raises(ValueError, match=r"'up_blocks\.3\.resnets\.0'.*decoder_inject_noise"):
         check_shardable(vae.decoder, AXIS_DIM["height"])
 
@@ -283,7 +232,7 @@ def test_a_strided_convolution_is_refused_naming_the_layer() -> None:
 
 
 def test_attention_outside_a_whole_frame_block_is_refused() -> None:
-    vae = tiny_hunyuan()
+    vae = tiny_hunyuan_video()
     vae.decoder.extra = Attention(8, heads=1, dim_head=8)  # not inside the mid-block
     with pytest.raises(ValueError, match=r"'extra'.*attention mixes the whole frame"):
         check_shardable(vae.decoder, AXIS_DIM["height"])

@@ -8,20 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import AutoencoderKLCogVideoX
 from torch import Tensor
 
 from streamvae.models.cogvideox import CogVideoXChunkedDecoder
 from tests._adapters import check_batch_chunks, check_registry, check_tiling_matters, conforms, reference
+from tests._vaes import tiny_cogvideox as tiny_vae
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tiny_vae() -> AutoencoderKLCogVideoX:
-    torch.manual_seed(0)
-    return AutoencoderKLCogVideoX(
-        latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4
-    ).eval()
 
 
 def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from diffusers import AutoencoderKLHunyuanVideo
 from torch import Tensor
 
 from streamvae.models.hunyuan_video import HunyuanVideoChunkedDecoder
@@ -20,18 +19,9 @@ from tests._adapters import (
     check_window_rule,
     conforms,
 )
+from tests._vaes import tiny_hunyuan_video as tiny_vae
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tiny_vae(min_frames: int = 12, stride_frames: int = 8) -> AutoencoderKLHunyuanVideo:
-    torch.manual_seed(0)
-    vae = AutoencoderKLHunyuanVideo(
-        latent_channels=4, block_out_channels=(8, 8, 8, 8), layers_per_block=1, norm_num_groups=4
-    ).eval()
-    vae.tile_sample_min_num_frames = min_frames
-    vae.tile_sample_stride_num_frames = stride_frames
-    return vae
 
 
 def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:

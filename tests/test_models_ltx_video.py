@@ -7,11 +7,8 @@ three windows.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
-from diffusers import AutoencoderKLLTX2Video, AutoencoderKLLTXVideo
 from torch import Tensor
 
 from streamvae.models import chunked_decoder
@@ -24,35 +21,10 @@ from tests._adapters import (
     conforms,
     reference,
 )
+from tests._vaes import tiny_ltx2_video as tiny_ltx2
+from tests._vaes import tiny_ltx_video as tiny_vae
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# Small layouts: 8 channels, patch_size 1, 8× compression in time and space.
-TINY = {"latent_channels": 8, "layers_per_block": (1, 1, 1, 1, 1), "patch_size": 1}
-
-
-def with_small_windows(vae: Any) -> Any:
-    """Temporal tiling on: windows of 24 sample frames (3 latents + 1) every 16 (2 latents)."""
-    vae.use_framewise_decoding = True
-    vae.tile_sample_min_num_frames = 24
-    vae.tile_sample_stride_num_frames = 16
-    return vae.eval()
-
-
-def tiny_vae(**config: Any) -> AutoencoderKLLTXVideo:
-    torch.manual_seed(0)
-    blocks = {"block_out_channels": (8, 8, 8, 8), "decoder_block_out_channels": (8, 8, 8, 8)}
-    layers = {"decoder_layers_per_block": (1, 1, 1, 1, 1)}
-    return with_small_windows(AutoencoderKLLTXVideo(**TINY, **blocks, **layers, **config))
-
-
-def tiny_ltx2() -> AutoencoderKLLTX2Video:
-    torch.manual_seed(0)
-    blocks = {"block_out_channels": (8, 16, 32, 64), "decoder_block_out_channels": (8, 16, 32)}
-    layers = {"decoder_layers_per_block": (1, 1, 1, 1)}
-    ratios = {"spatial_compression_ratio": 8, "temporal_compression_ratio": 8}
-    return with_small_windows(AutoencoderKLLTX2Video(**TINY, **blocks, **layers, **ratios))
 
 
 def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:
