@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamvae import quantize_chunk, quantize_chunk_yuv420
+from streamvae import PerChannelRange, quantize_chunk, quantize_chunk_yuv420
 from streamvae._quantize import ChunkQuantizer, PixelFormat
 from tests._media import moving_pattern
 
@@ -164,3 +164,73 @@ def test_quantize_into_checks_its_output() -> None:
         quantizer.quantize_into(torch.zeros(1, 3, 2, 4, 6), torch.empty(1, 2, 4, 6, 3))
     with pytest.raises(ValueError, match="pixel_format"):
         ChunkQuantizer((-1, 1), "nv12")  # type: ignore[arg-type]
+
+
+# Per-channel value ranges (MiniMax-H3's ImageNet-normalized pixels)
+
+IMAGENET = PerChannelRange(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+
+
+def imagenet_pipeline_levels(video: torch.Tensor) -> torch.Tensor:
+    """What MiniMax-H3's modular pipeline does to its decode, then the video processor's uint8 rounding:
+    ``(video.float() * pixel_std + pixel_mean).clamp(0, 1)``, ``* 255``, rounded, as BTHWC."""
+    pixel_mean = torch.tensor(IMAGENET.mean).view(1, -1, 1, 1, 1)
+    pixel_std = torch.tensor(IMAGENET.std).view(1, -1, 1, 1, 1)
+    unit = (video.float() * pixel_std + pixel_mean).clamp(0, 1)
+    return (unit * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_per_channel_range_quantizes_exactly_as_the_pipelines_float_math(dtype: torch.dtype) -> None:
+    # Values spread over and beyond the normalized range, with every channel hitting both clamps.
+    chunk = (torch.randn(2, 3, 3, 37, 41, generator=torch.Generator().manual_seed(0)) * 2.5).to(dtype)
+    assert torch.equal(quantize_chunk(chunk, IMAGENET), imagenet_pipeline_levels(chunk))
+
+
+def test_per_channel_range_in_bands_equals_the_whole_chunk() -> None:
+    # A frame wider than one CPU band, so the quantizer's bands split it.
+    chunk = torch.randn(1, 3, 2, 96, 1400, generator=torch.Generator().manual_seed(1))
+    out = torch.empty(1, 2, 96, 1400, 3, dtype=torch.uint8)
+    ChunkQuantizer(IMAGENET).quantize_into(chunk, out)
+    assert torch.equal(out, imagenet_pipeline_levels(chunk))
+
+
+def test_per_channel_range_yuv420_is_the_yuv420_of_its_rgb_levels() -> None:
+    chunk = torch.randn(1, 3, 2, 16, 24, generator=torch.Generator().manual_seed(2))
+    unit = chunk * torch.tensor(IMAGENET.std).view(1, 3, 1, 1, 1) + torch.tensor(IMAGENET.mean).view(
+        1, 3, 1, 1, 1
+    )
+    assert torch.equal(quantize_chunk_yuv420(chunk, IMAGENET), quantize_chunk_yuv420(unit, (0.0, 1.0)))
+
+
+def test_per_channel_range_normalizes_its_numbers() -> None:
+    assert PerChannelRange(mean=[0, 0.5, 1], std=(1, 2, 3)) == PerChannelRange(  # type: ignore[arg-type]
+        mean=(0.0, 0.5, 1.0), std=(1.0, 2.0, 3.0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("mean", "std", "message"),
+    [
+        ((0.5, 0.5), (1, 1, 1), "mean must be three"),
+        ((0.5, 0.5, "0.5"), (1, 1, 1), "mean must be three"),
+        ((0.5, 0.5, float("nan")), (1, 1, 1), "mean must be three"),
+        ((0.5, 0.5, 0.5), (1, 1, 0), "std must be positive"),
+        ((0.5, 0.5, 0.5), (1, -1, 1), "std must be positive"),
+        ((0.5, 0.5, 0.5), (1, 1, 1e300), "std must be three"),
+        ((0.5, 0.5, 0.5), None, "std must be three"),
+    ],
+)
+def test_per_channel_range_rejects_bad_numbers_naming_the_field(
+    mean: object, std: object, message: str
+) -> None:
+    with pytest.raises(ValueError, match=f"PerChannelRange: {message}"):
+        PerChannelRange(mean=mean, std=std)  # type: ignore[arg-type]
+
+
+def test_a_session_takes_a_per_channel_range() -> None:
+    from streamvae import SessionOptions
+
+    assert SessionOptions(value_range=IMAGENET, fps=8).value_range == IMAGENET
+    with pytest.raises(ValueError, match="pair \\(low, high\\) of numbers or a streamvae.PerChannelRange"):
+        SessionOptions(value_range={"mean": 0}, fps=8)  # type: ignore[arg-type]

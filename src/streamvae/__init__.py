@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from streamvae._options import SessionKeywords, SessionOptions
     from streamvae._pipeline import StageSpan
     from streamvae._protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
-    from streamvae._quantize import quantize_chunk, quantize_chunk_yuv420
+    from streamvae._quantize import PerChannelRange, quantize_chunk, quantize_chunk_yuv420
     from streamvae._session import ChunkedVideoMP4Session
     from streamvae._sinks import MP4ByteStream, read_entries
     from streamvae._statistics import SessionStatistics
@@ -34,6 +34,7 @@ _HOMES = {
     "LatentStream": "_latent_stream",
     "LatentStreamStatistics": "_latent_stream",
     "MP4ByteStream": "_sinks",
+    "PerChannelRange": "_quantize",
     "PinnedChunkRing": "_transfer",
     "RingAbortedError": "_errors",
     "SessionClosedError": "_errors",
@@ -61,6 +62,7 @@ __all__ = [
     "LatentStream",
     "LatentStreamStatistics",
     "MP4ByteStream",
+    "PerChannelRange",
     "PinnedChunkRing",
     "RingAbortedError",
     "SessionClosedError",

@@ -37,7 +37,7 @@ from streamvae._checks import (
 from streamvae._codec_options import OutputKind, check_video_codec
 from streamvae._output_file import check_output_files
 from streamvae._public import public
-from streamvae._quantize import PixelFormat, check_value_range
+from streamvae._quantize import PixelFormat, ValueRange, check_value_range
 
 __all__ = [
     "OPTION_NAMES",
@@ -61,7 +61,8 @@ class SessionOptions:
 
     Build it with the keywords the session takes; ``dataclasses.replace`` gives a checked variant.
 
-    - ``value_range``: the (low, high) range of the chunks' values, mapped to 0–255; finite in float32.
+    - ``value_range``: the (low, high) range of the chunks' values, mapped to 0–255; finite in float32. Or
+      a :class:`PerChannelRange` for normalized pixels (``(x * std + mean).clamp(0, 1)`` per channel).
     - ``fps``: frames per second, a number between 1/1000 and 1000 (stored as an exact rational).
     - ``audio_waveforms``: one waveform per batch entry (``None`` for an entry without audio), finite float
       ``[samples]`` or ``[channels, samples]``, resampled by nobody: give ``audio_sample_rate``. Each track
@@ -108,7 +109,7 @@ class SessionOptions:
       its entries side by side with the codec's default threads.
     """
 
-    value_range: tuple[float, float]
+    value_range: ValueRange
     fps: Fraction
     audio_waveforms: tuple[Waveform | None, ...] | None = None
     audio_sample_rate: int | None = None
@@ -256,7 +257,7 @@ class SessionKeywords(TypedDict, total=False):
     keywords for type checkers, one per field (``tests/test_options.py`` fails when they drift apart).
     """
 
-    value_range: tuple[float, float]
+    value_range: ValueRange
     fps: float | Fraction
     audio_waveforms: Sequence[Tensor | np.ndarray[Any, Any] | None] | None
     audio_sample_rate: int | None

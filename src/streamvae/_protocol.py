@@ -11,11 +11,14 @@ import contextlib
 import inspect
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torch import Tensor
 
 from streamvae._public import public
+
+if TYPE_CHECKING:
+    from streamvae._quantize import ValueRange
 
 __all__ = ["ChunkPublisher", "SupportsChunkedVAEDecode", "publish_chunks"]
 
@@ -43,7 +46,7 @@ class SupportsChunkedVAEDecode(Protocol):
     implementation with :func:`streamvae.testing.check_chunked_decoder`.
     """
 
-    chunk_value_range: tuple[float, float]
+    chunk_value_range: ValueRange  # (low, high), or a PerChannelRange for normalized pixels
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None: ...
 

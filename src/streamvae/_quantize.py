@@ -9,7 +9,8 @@ pays where the device is a GPU, whose conversion is free for the host.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
 
 import torch
 from torch import Tensor
@@ -19,13 +20,52 @@ from streamvae._public import public
 
 __all__ = [
     "ChunkQuantizer",
+    "PerChannelRange",
     "PixelFormat",
+    "ValueRange",
     "check_value_range",
     "quantize_chunk",
     "quantize_chunk_yuv420",
 ]
 
 PixelFormat = Literal["rgb24", "yuv420p"]
+
+
+@public
+@dataclass(frozen=True)
+class PerChannelRange:
+    """A value range per colour channel: chunks hold ``(pixel - mean) / std``, pixels in [0, 1].
+
+    For a family whose decoder gives normalized pixels (MiniMax-H3's ImageNet normalization, mean (0.485,
+    0.456, 0.406) and std (0.229, 0.224, 0.225)): quantizing computes ``(x * std + mean).clamp(0, 1)`` per
+    channel in float32 — the pipeline's own float math, operation for operation — then scales to 0–255 and
+    rounds, on the chunk's device in the same pass as a plain range. ``mean`` and ``std`` hold one number
+    per channel (R, G, B), finite in float32; every ``std`` is positive. Bad values raise ValueError.
+    """
+
+    #: the channel means the pixels were normalized by, (R, G, B)
+    mean: tuple[float, float, float]
+    #: the channel standard deviations the pixels were normalized by, (R, G, B)
+    std: tuple[float, float, float]
+
+    def __post_init__(self) -> None:
+        for name in ("mean", "std"):
+            given = getattr(self, name)
+            try:
+                values = tuple(_number(v) for v in given)
+            except (TypeError, ValueError, RuntimeError):
+                values = ()
+            if len(values) != 3 or not all(_finite32(v) for v in values):
+                raise ValueError(
+                    f"PerChannelRange: {name} must be three finite float32 numbers (R, G, B), got {given!r}"
+                )
+            if name == "std" and not all(_in_float32(v) > 0 for v in values):
+                raise ValueError(f"PerChannelRange: std must be positive for every channel, got {given!r}")
+            object.__setattr__(self, name, values)
+
+
+ValueRange: TypeAlias = "tuple[float, float] | PerChannelRange"
+"""What ``value_range`` takes: a pair (low, high) for every channel, or a :class:`PerChannelRange`."""
 
 # BT.709 luma weights; limited ("TV") range puts Y in [16, 235] and Cb/Cr in [16, 240].
 _KR, _KB = 0.2126, 0.0722
@@ -41,20 +81,31 @@ def _in_float32(value: float) -> float:
     return float(torch.tensor(value, dtype=torch.float32))
 
 
-def check_value_range(value_range: object, *, owner: str | None = None) -> tuple[float, float]:
-    """Return ``value_range`` as two floats, or raise ValueError if it is not an increasing pair of numbers.
+def _finite32(value: float) -> bool:
+    return math.isfinite(value) and abs(value) <= _FLOAT32_MAX
+
+
+def check_value_range(value_range: object, *, owner: str | None = None) -> ValueRange:
+    """Return ``value_range`` as two floats (or the :class:`PerChannelRange` it is), or raise ValueError if
+    it is neither an increasing pair of numbers nor a :class:`PerChannelRange`.
 
     ``owner`` (the function the user called) prefixes the message.
     """
+    if isinstance(value_range, PerChannelRange):
+        return value_range  # checked when it was made
     try:
         low, high = (_number(v) for v in value_range)  # type: ignore[attr-defined]
     except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of more than one value
         raise ValueError(
-            prefixed(owner, f"value_range must be a pair (low, high) of numbers, got {value_range!r}")
+            prefixed(
+                owner,
+                "value_range must be a pair (low, high) of numbers or a streamvae.PerChannelRange, "
+                f"got {value_range!r}",
+            )
         ) from None
     # Quantize computes in float32: both ends, and the span it divides by, must be finite there.
     low32, high32 = _in_float32(low), _in_float32(high)
-    if not all(math.isfinite(v) and abs(v) <= _FLOAT32_MAX for v in (low, high)):
+    if not all(_finite32(v) for v in (low, high)):
         raise ValueError(
             prefixed(
                 owner,
@@ -100,20 +151,29 @@ class ChunkQuantizer:
 
     def __init__(
         self,
-        value_range: tuple[float, float],
+        value_range: ValueRange,
         pixel_format: PixelFormat = "rgb24",
         *,
         owner: str = "ChunkQuantizer",
     ) -> None:
         self._owner = owner
         check_choice("pixel_format", pixel_format, ("rgb24", "yuv420p"), owner=owner)
-        low, high = check_value_range(value_range, owner=owner)
-        # The ends as float32 holds them, and the span between those: values are clamped in float32, so a
-        # span taken from the float64 ends would put float32's ``high`` off 1 — below it (no top level)
-        # or above it (wrapping past 255) for ends float32 cannot hold, like (128, 128.001).
-        low, high = _in_float32(low), _in_float32(high)
-        self.value_range = (low, high)
-        self._scale = 1.0 / (high - low)
+        checked = check_value_range(value_range, owner=owner)
+        self.value_range: ValueRange
+        self._channels: PerChannelRange | None = None
+        # the per-channel std and mean as float32 [3, 1, 1, 1] on the last chunk's device (the pipeline's
+        # own tensors are float32 too, so x * std + mean rounds as its does)
+        self._affine: tuple[Tensor, Tensor] | None = None
+        if isinstance(checked, PerChannelRange):
+            self.value_range = self._channels = checked
+            self._low, self._high, self._scale = 0.0, 1.0, 1.0
+        else:
+            # The ends as float32 holds them, and the span between those: values are clamped in float32, so
+            # a span taken from the float64 ends would put float32's ``high`` off 1 — below it (no top level)
+            # or above it (wrapping past 255) for ends float32 cannot hold, like (128, 128.001).
+            low, high = _in_float32(checked[0]), _in_float32(checked[1])
+            self.value_range = (low, high)
+            self._low, self._high, self._scale = low, high, 1.0 / (high - low)
         self.pixel_format: PixelFormat = pixel_format
         self._scratch: Tensor | None = None  # kept between calls on the CPU only
 
@@ -157,7 +217,6 @@ class ChunkQuantizer:
         self, chunk: Tensor, entry: int, ts: slice, ys: slice, floats: int
     ) -> tuple[Tensor, Tensor]:
         """The band's RGB as float32 ``[3, t, rows, W]`` in [0, 1] (clamped) and ``floats`` more scratch."""
-        low, high = self.value_range
         source = chunk[entry, :, ts, ys]
         size = source.numel()
         scratch = self._scratch
@@ -165,8 +224,24 @@ class ChunkQuantizer:
             scratch = self._scratch = torch.empty(size + floats, dtype=torch.float32, device=chunk.device)
         # fp32 arithmetic: bf16 has 8 significant bits, too few to scale to 255 levels and round exactly.
         x = scratch[:size].view(source.shape).copy_(source)
-        x.clamp_(low, high).sub_(low).mul_(self._scale)
+        if self._channels is None:
+            x.clamp_(self._low, self._high).sub_(self._low).mul_(self._scale)
+        else:
+            std, mean = self._channel_affine(chunk.device)
+            x.mul_(std).add_(mean).clamp_(0.0, 1.0)  # the pipeline's (x * std + mean).clamp(0, 1)
         return x, scratch[size : size + floats]
+
+    def _channel_affine(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """The per-channel ``std`` and ``mean`` as float32 ``[3, 1, 1, 1]`` tensors on ``device``."""
+        affine = self._affine
+        if affine is None or affine[0].device != device:
+            assert self._channels is not None
+            std, mean = (
+                torch.tensor(values, dtype=torch.float32).view(3, 1, 1, 1).to(device)
+                for values in (self._channels.std, self._channels.mean)
+            )
+            affine = self._affine = (std, mean)
+        return affine
 
     @staticmethod
     def _count_nan(x: Tensor, nan_count: Tensor | None) -> None:
@@ -226,16 +301,17 @@ def _weighted_sum(r: Tensor, g: Tensor, b: Tensor, *, out: Tensor, tmp: Tensor) 
 
 
 @public
-def quantize_chunk(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
+def quantize_chunk(chunk: Tensor, value_range: ValueRange) -> Tensor:
     """BCTHW float in ``value_range`` → contiguous BTHWC uint8 (rgb24) on the same device.
 
-    Values are clamped to ``value_range``, scaled to 0–255 and rounded to the nearest level.
+    Values are clamped to ``value_range``, scaled to 0–255 and rounded to the nearest level. With a
+    :class:`PerChannelRange` each channel is first mapped to [0, 1] as ``(x * std + mean).clamp(0, 1)``.
     """
     return _quantize(chunk, value_range, "rgb24", owner="quantize_chunk")
 
 
 @public
-def quantize_chunk_yuv420(chunk: Tensor, value_range: tuple[float, float]) -> Tensor:
+def quantize_chunk_yuv420(chunk: Tensor, value_range: ValueRange) -> Tensor:
     """BCTHW float in ``value_range`` → planar yuv420p frames, ``[B, T, H * 3 // 2, W]`` uint8, same device.
 
     Each frame is the I420 layout PyAV's ``VideoFrame.from_numpy_buffer(format="yuv420p")`` reads: the Y plane
@@ -246,9 +322,7 @@ def quantize_chunk_yuv420(chunk: Tensor, value_range: tuple[float, float]) -> Te
     return _quantize(chunk, value_range, "yuv420p", owner="quantize_chunk_yuv420")
 
 
-def _quantize(
-    chunk: Tensor, value_range: tuple[float, float], pixel_format: PixelFormat, *, owner: str
-) -> Tensor:
+def _quantize(chunk: Tensor, value_range: ValueRange, pixel_format: PixelFormat, *, owner: str) -> Tensor:
     quantizer = ChunkQuantizer(value_range, pixel_format, owner=owner)
     batch, _, frames, height, width = check_chunk(chunk, owner=owner).shape
     shape = (batch, frames, *quantizer.frame_shape(height, width))

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from streamvae._checks import check_bool, check_latents
 from streamvae._protocol import SupportsChunkedVAEDecode, publish_chunks
+from streamvae._quantize import ValueRange
 from streamvae.models._common import execution_device
 
 __all__ = ["PIECEWISE_CLASSES", "ChunkedDecoder", "DecodeState", "ProtocolDecoder"]
@@ -57,7 +58,7 @@ class ChunkedDecoder:
     """
 
     #: the value range of published chunks
-    chunk_value_range: tuple[float, float] = (-1.0, 1.0)
+    chunk_value_range: ValueRange = (-1.0, 1.0)
     #: the diffusers classes a family adapter wraps (empty: any object, or none)
     vae_classes: ClassVar[tuple[type, ...]] = ()
     #: the ``vae.config`` key holding the latent channel count, read when none is given
@@ -84,6 +85,16 @@ class ChunkedDecoder:
     @property
     def is_output_rank(self) -> bool:
         """True where ``on_chunk`` is called: always, but on a distributed decoder's other ranks."""
+        return True
+
+    @property
+    def streams(self) -> bool:
+        """Whether a chunk leaves while later ones still decode (True), or the family's decoder needs the
+        whole latent at once (False): it decodes whole, then hands its frames on chunk by chunk.
+
+        Read from the instance's settings now (LTX-Video streams only with temporal tiling on). A family
+        overrides it; the default is True.
+        """
         return True
 
     # Latents

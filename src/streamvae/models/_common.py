@@ -13,7 +13,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["blend_tiles", "execution_device", "overlapping_window_chunks", "uses_spatial_tiling"]
+__all__ = [
+    "blend_tiles",
+    "execution_device",
+    "overlapping_window_chunks",
+    "split_frames",
+    "uses_spatial_tiling",
+]
 
 
 def execution_device(vae: Any) -> torch.device:
@@ -108,3 +114,19 @@ def overlapping_window_chunks(
         previous = decoded
         if chunk.shape[2] > 0:
             yield chunk
+
+
+def split_frames(video: Tensor, *, first: int, step: int) -> Generator[Tensor, None, None]:
+    """Hand a whole decoded ``video`` (BCTHW) on chunk by chunk: ``first`` frames, then ``step`` a chunk.
+
+    For a family whose decoder needs the whole latent at once: the encoder still takes one latent frame's
+    worth of frames at a time (``first`` = the first latent frame's frames, ``step`` = the temporal
+    compression), so quantizing and encoding overlap the chunks after. Chunks are views of ``video``.
+    """
+    frames = video.shape[2]
+    start = 0
+    size = max(1, first)
+    while start < frames:
+        yield video[:, :, start : start + size]
+        start += size
+        size = max(1, step)

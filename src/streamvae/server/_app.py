@@ -38,6 +38,7 @@ from streamvae._checks import check_bool, check_callable, check_fps, check_int, 
 from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
 from streamvae._options import SessionOptions, check_option_dict
+from streamvae._quantize import ValueRange
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
@@ -243,7 +244,7 @@ _APP_SESSION_OPTIONS = ("fps", "encode_limiter")
 
 
 def _checked_session_options(
-    session_options: object, *, value_range: tuple[float, float], fps: Fraction
+    session_options: object, *, value_range: ValueRange, fps: Fraction
 ) -> SessionOptions:
     """The options of every request's session: fragmented MP4 at ``fps`` in the decoder's value range,
     under ``session_options``; each error names create_app's ``session_options``."""
