@@ -64,10 +64,13 @@ def test_window_frames_depend_on_no_later_latent_and_a_single_call_on_its_last()
     check_window_rule(tiny_vae(), latent(), kept=[9, 17])  # frames kept by windows 0 and 1
 
 
-def test_without_framewise_decoding_the_decode_is_one_chunk() -> None:
+def test_without_framewise_decoding_one_decoder_call_is_handed_on_a_latent_frame_at_a_time() -> None:
     vae = tiny_vae()
     vae.use_framewise_decoding = False
-    assert len(conforms(HunyuanVideoChunkedDecoder(vae), latent()).chunks) == 1
+    adapter = HunyuanVideoChunkedDecoder(vae)
+    report = conforms(adapter, latent())
+    assert report.chunk_frames == [1, 4, 4, 4, 4, 4, 4] and report.decoder_calls == [1] * 7
+    assert not adapter.streams
 
 
 def test_registry_returns_the_adapter() -> None:

@@ -59,10 +59,13 @@ def test_window_frames_depend_on_no_later_latent_and_a_single_call_on_its_last()
     check_window_rule(tiny_vae(), latent(), kept=[17, 33])  # frames kept by windows 0 and 1
 
 
-def test_without_temporal_tiling_the_decode_is_one_chunk() -> None:
+def test_without_temporal_tiling_one_decoder_call_is_handed_on_a_latent_frame_at_a_time() -> None:
     vae = tiny_vae()
     vae.use_framewise_decoding = False  # diffusers' default for LTX-Video
-    assert len(conforms(LTXVideoChunkedDecoder(vae), latent(frames=3)).chunks) == 1
+    adapter = LTXVideoChunkedDecoder(vae)
+    report = conforms(adapter, latent(frames=3))
+    assert report.chunk_frames == [1, 8, 8] and report.decoder_calls == [1, 1, 1]
+    assert not adapter.streams
 
 
 def test_timestep_passes_through_to_every_window() -> None:

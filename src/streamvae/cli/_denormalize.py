@@ -32,6 +32,9 @@ def denormalize_latents(vae: Any, latents: Tensor) -> Tensor:
       (``latents[:, additional_frames:]``); a saved latent still holds them, and only its caller knows
       how many there are.
 
+    - MiniMax-H3 (the modular pipeline's decode block): ``latents * latents_std + latents_mean``, the
+      config's lists as float32 tensors on the device; ``vae.decode`` casts the result.
+
     Each also moves the latent to the VAE's execution device, where the pipeline's already is. Raises
     :class:`CliError` for any other family (:func:`check_denormalizable`).
     """
@@ -69,6 +72,18 @@ def _cogvideox(vae: Any, latents: Tensor) -> Tensor:
     return 1 / scaling_factor * _on_vae(vae, latents)
 
 
+def _minimax_h3(vae: Any, latents: Tensor) -> Tensor:
+    import torch
+
+    from streamvae.models._common import execution_device
+
+    device = execution_device(vae)
+    mean = torch.tensor(vae.config.latents_mean, device=device).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std, device=device).view(1, -1, 1, 1, 1)
+    on_device: Tensor = latents.to(device) * std + mean
+    return on_device
+
+
 def _on_vae(vae: Any, latents: Tensor) -> Tensor:
     from streamvae.models._common import execution_device
 
@@ -81,6 +96,7 @@ _FORMULAS: dict[str, Callable[[Any, Tensor], Tensor]] = {
     "AutoencoderKLQwenImage": _wan,
     "AutoencoderKLHunyuanVideo": _hunyuan_video,
     "AutoencoderKLCogVideoX": _cogvideox,
+    "AutoencoderKLMiniMaxH3": _minimax_h3,
 }
 
 # Families whose pipeline latents are frames-first, [B, F, C, H, W].

@@ -143,7 +143,13 @@ def read_wav(path: Path) -> tuple[np.ndarray[Any, np.dtype[np.float32]], int]:
 
 
 def expected_frames(vae: Any, latent_frames: int) -> int | None:
-    """Frames a causal video VAE decodes from ``latent_frames`` (1 + scale·(T − 1)), if its config says."""
+    """Frames ``vae`` decodes from ``latent_frames``: what its adapter says (MiniMax-H3's clips, SVD's
+    frame per latent), else 1 + scale·(T − 1) for a causal video VAE whose config gives the scale."""
+    from streamvae.models import as_decoder
+
+    known = as_decoder(vae).output_frames(latent_frames)
+    if known is not None:
+        return known
     config = getattr(vae, "config", None)
     for name in ("scale_factor_temporal", "temporal_compression_ratio"):
         scale = None if config is None else getattr(config, name, None)

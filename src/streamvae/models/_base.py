@@ -97,6 +97,11 @@ class ChunkedDecoder:
         """
         return True
 
+    def output_frames(self, latent_frames: int) -> int | None:
+        """The frames per entry a decode of ``latent_frames`` latent frames gives, where the family's
+        adapter knows it without decoding (progress totals); None otherwise (the default)."""
+        return None
+
     # Latents
 
     def check_latents(self, z: object, *, owner: str | None = None) -> None:

@@ -9,7 +9,8 @@ published right away.
 
 Within one decoder call nothing streams: GroupNorm normalizes over all frames of the call. A latent that
 fits in one window (``frames <= tile_sample_min_num_frames // 4``), or any latent with
-``use_framewise_decoding`` off, decodes in one call and is published as one chunk.
+``use_framewise_decoding`` off, decodes in one call, whose frames are then published a latent frame's
+worth at a time (1, then 4 a chunk).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor
 
 from streamvae.models._base import ChunkedDecoder
-from streamvae.models._common import overlapping_window_chunks, uses_spatial_tiling
+from streamvae.models._common import overlapping_window_chunks, split_frames, uses_spatial_tiling
 
 __all__ = ["HunyuanVideoChunkedDecoder"]
 
@@ -39,13 +40,20 @@ class HunyuanVideoChunkedDecoder(ChunkedDecoder):
     vae_classes = (AutoencoderKLHunyuanVideo,)
     channels_key = "latent_channels"
 
+    @property
+    def streams(self) -> bool:
+        """True with framewise decoding on (the default): each window leaves once blended."""
+        return bool(self.vae.use_framewise_decoding)
+
     def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         vae = self.vae
         min_window_latents = vae.tile_sample_min_num_frames // vae.temporal_compression_ratio
         if vae.use_framewise_decoding and z.shape[2] > min_window_latents:
             yield from overlapping_window_chunks(vae, z, self._decode_window)
-        else:
-            yield self._decode_window(z, True)
+        else:  # one decoder call; its frames still go to the encoder a latent frame's worth at a time
+            yield from split_frames(
+                self._decode_window(z, True), first=1, step=vae.temporal_compression_ratio
+            )
 
     def _decode_window(self, z: Tensor, first: bool) -> Tensor:
         """Decode latent frames ``z`` in one decoder call (spatially tiled if large), as diffusers does."""

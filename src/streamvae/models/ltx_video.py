@@ -8,7 +8,8 @@ with temporal tiling on (``use_framewise_decoding``, off by default): windows of
 ``tile_sample_stride_num_frames // 8`` latents (1), every window but the first drops its last frame, and
 the last ``min - stride`` sample frames (8) of a window blend into the first frames of the next. A
 window's kept frames (9, then 8 a window) are final once it is blended and are published right away.
-With temporal tiling off, the whole decode is one chunk.
+With temporal tiling off, the whole clip is one decoder call, whose frames are then published a latent
+frame's worth at a time (1, then 8 a chunk).
 
 Unlike HunyuanVideo, diffusers keeps the first frame of every later LTX window and drops its last;
 streaming reproduces that exactly, as it must to equal ``vae.decode``.
@@ -25,7 +26,7 @@ from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor
 
 from streamvae.models._base import ChunkedDecoder
-from streamvae.models._common import overlapping_window_chunks, uses_spatial_tiling
+from streamvae.models._common import overlapping_window_chunks, split_frames, uses_spatial_tiling
 
 try:
     from diffusers.models.autoencoders.autoencoder_kl_ltx2 import AutoencoderKLLTX2Video
@@ -71,6 +72,12 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
         elif causal is not None:
             raise TypeError(f"{type(vae).__name__}.decode takes no 'causal' argument (LTX-2 only)")
 
+    @property
+    def streams(self) -> bool:
+        """True only with temporal tiling on (``use_framewise_decoding``, off by default): else the whole
+        clip is one decoder call and one chunk."""
+        return bool(self.vae.use_framewise_decoding)
+
     def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         vae = self.vae
         temb = self.temb
@@ -83,8 +90,8 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
         min_window_latents = vae.tile_sample_min_num_frames // vae.temporal_compression_ratio
         if vae.use_framewise_decoding and z.shape[2] > min_window_latents:
             yield from overlapping_window_chunks(vae, z, decode_window)
-        else:
-            yield decode_window(z, True)
+        else:  # one decoder call; its frames still go to the encoder a latent frame's worth at a time
+            yield from split_frames(decode_window(z, True), first=1, step=vae.temporal_compression_ratio)
 
     def _decode_window(self, z: Tensor, temb: Tensor | None, first: bool) -> Tensor:
         """Decode latent frames ``z`` in one decoder call (spatially tiled if large), as diffusers does."""
