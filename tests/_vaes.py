@@ -14,12 +14,17 @@ from typing import Any
 import torch
 from diffusers import (
     AutoencoderKLCogVideoX,
+    AutoencoderKLCosmos,
     AutoencoderKLHunyuanVideo,
     AutoencoderKLLTX2Video,
     AutoencoderKLLTXVideo,
+    AutoencoderKLMochi,
     AutoencoderKLQwenImage,
     AutoencoderKLWan,
 )
+from diffusers.models.autoencoders.autoencoder_kl_kvae_video import AutoencoderKLKVAEVideo
+from diffusers.models.autoencoders.autoencoder_kl_magvit import AutoencoderKLMagvit
+from diffusers.models.autoencoders.autoencoder_kl_temporal_decoder import AutoencoderKLTemporalDecoder
 from torch import nn
 
 from streamvae.testing import TINY_VAE_CONFIGS
@@ -27,10 +32,15 @@ from streamvae.testing import TINY_VAE_CONFIGS
 __all__ = [
     "latent",
     "tiny_cogvideox",
+    "tiny_cosmos",
     "tiny_hunyuan_video",
+    "tiny_kvae",
     "tiny_ltx2_video",
     "tiny_ltx_video",
+    "tiny_magvit",
+    "tiny_mochi",
     "tiny_qwen_image",
+    "tiny_stable_video",
     "tiny_wan21",
     "tiny_wan22",
     "with_small_ltx_windows",
@@ -147,3 +157,40 @@ def tiny_ltx2_video() -> AutoencoderKLLTX2Video:
     layers = {"decoder_layers_per_block": (1, 1, 1, 1)}
     ratios = {"spatial_compression_ratio": 8, "temporal_compression_ratio": 8}
     return with_small_ltx_windows(AutoencoderKLLTX2Video(**TINY_LTX, **blocks, **layers, **ratios))
+
+
+# The families of diffusers 0.42.1's newer pipelines: default initialisation, the layouts of
+# streamvae.testing.TINY_VAE_CONFIGS (the least channels their fixed-group norms take).
+
+
+def tiny_kvae(**config: Any) -> AutoencoderKLKVAEVideo:
+    """KVAE: latent [B, 4, T, H, W] → video [B, 3, frames, 4H, 4W]; ``config`` replaces keys of the layout."""
+    torch.manual_seed(0)
+    vae: AutoencoderKLKVAEVideo = AutoencoderKLKVAEVideo(**{**TINY_VAE_CONFIGS["kvae"], **config})
+    return vae.eval()
+
+
+def tiny_mochi() -> AutoencoderKLMochi:
+    """Mochi: 12 latent channels, one resnet a block (outputs within ±0.7)."""
+    torch.manual_seed(0)
+    return AutoencoderKLMochi(**TINY_VAE_CONFIGS["mochi"]).eval()
+
+
+def tiny_cosmos() -> AutoencoderKLCosmos:
+    """Cosmos: 4 latent channels (outputs overshoot [-1, 1] several times over)."""
+    torch.manual_seed(0)
+    return AutoencoderKLCosmos(**TINY_VAE_CONFIGS["cosmos"]).eval()
+
+
+def tiny_magvit(seed: int = 0) -> AutoencoderKLMagvit:
+    """EasyAnimate's Magvit: latent [B, 4, T, H, W] → video [B, 3, 1 + 4(T−1), 8H, 8W]."""
+    torch.manual_seed(seed)
+    vae: AutoencoderKLMagvit = AutoencoderKLMagvit(**TINY_VAE_CONFIGS["magvit"])
+    return vae.eval()
+
+
+def tiny_stable_video(seed: int = 0) -> AutoencoderKLTemporalDecoder:
+    """Stable Video Diffusion: latent [B·F, 4, H, W] → frames [B·F, 3, 2H, 2W]."""
+    torch.manual_seed(seed)
+    vae: AutoencoderKLTemporalDecoder = AutoencoderKLTemporalDecoder(**TINY_VAE_CONFIGS["stable_video"])
+    return vae.eval()

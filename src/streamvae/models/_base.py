@@ -24,7 +24,7 @@ from streamvae.models._common import execution_device
 __all__ = ["PIECEWISE_CLASSES", "ChunkedDecoder", "DecodeState", "ProtocolDecoder"]
 
 #: the diffusers VAE classes whose adapter decodes latents that arrive in pieces (causal across calls)
-PIECEWISE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLQwenImage")
+PIECEWISE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLKVAEVideo")
 
 
 @dataclass(eq=False)

@@ -21,6 +21,14 @@ _ADAPTERS: dict[str, tuple[str, str]] = {
     "AutoencoderKLLTXVideo": ("streamvae.models.ltx_video", "LTXVideoChunkedDecoder"),
     "AutoencoderKLCogVideoX": ("streamvae.models.cogvideox", "CogVideoXChunkedDecoder"),
     "AutoencoderKLLTX2Video": ("streamvae.models.ltx_video", "LTXVideoChunkedDecoder"),
+    "AutoencoderKLMiniMaxH3": ("streamvae.models.minimax_h3", "MiniMaxH3ChunkedDecoder"),
+    "AutoencoderKLHunyuanVideo15": ("streamvae.models.hunyuan_video15", "HunyuanVideo15ChunkedDecoder"),
+    "AutoencoderKLMochi": ("streamvae.models.mochi", "MochiChunkedDecoder"),
+    "AutoencoderKLAllegro": ("streamvae.models.allegro", "AllegroChunkedDecoder"),
+    "AutoencoderKLCosmos": ("streamvae.models.cosmos", "CosmosChunkedDecoder"),
+    "AutoencoderKLMagvit": ("streamvae.models.magvit", "MagvitChunkedDecoder"),
+    "AutoencoderKLTemporalDecoder": ("streamvae.models.stable_video", "StableVideoChunkedDecoder"),
+    "AutoencoderKLKVAEVideo": ("streamvae.models.kvae", "KVAEVideoChunkedDecoder"),
 }
 
 

@@ -24,6 +24,36 @@ TINY_VAE_CONFIGS: dict[str, dict[str, Any]] = {
         "patch_size": 2,
         "scale_factor_spatial": 16,
     },
+    # KVAE (AutoencoderKLKVAEVideo): 4 latent channels, 4× temporal and spatial; its norms have 32 groups.
+    "kvae": {"ch": 32, "ch_mult": [1, 1, 1], "num_res_blocks": 0, "z_channels": 4},
+    # Mochi (AutoencoderKLMochi): 12 latent channels, 6× temporal, 8× spatial; GroupNorm of 32 groups.
+    "mochi": {
+        "encoder_block_out_channels": (32, 32, 32, 32),
+        "decoder_block_out_channels": (32, 32, 32, 32),
+        "layers_per_block": (1, 1, 1, 1, 1),
+    },
+    # Cosmos (AutoencoderKLCosmos): 4 latent channels, 8× temporal and spatial.
+    "cosmos": {
+        "latent_channels": 4,
+        "encoder_block_out_channels": (8, 8, 8, 8),
+        "decode_block_out_channels": (8, 8, 8, 8),
+        "num_layers": 1,
+    },
+    # EasyAnimate (AutoencoderKLMagvit): 4 latent channels, 4× temporal, 8× spatial.
+    "magvit": {
+        "latent_channels": 4,
+        "block_out_channels": [8, 8, 8, 8],
+        "layers_per_block": 1,
+        "norm_num_groups": 4,
+    },
+    # Stable Video Diffusion (AutoencoderKLTemporalDecoder): 4 latent channels, a frame per latent frame,
+    # 2× spatial; its decoder's GroupNorm has 32 groups.
+    "stable_video": {
+        "block_out_channels": [32, 32],
+        "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D"],
+        "layers_per_block": 1,
+        "latent_channels": 4,
+    },
 }
 
 
