@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from diffusers import (
+    AutoencoderKLAllegro,
     AutoencoderKLCogVideoX,
     AutoencoderKLCosmos,
     AutoencoderKLHunyuanVideo,
@@ -24,6 +25,7 @@ from diffusers import (
 )
 from diffusers.models.autoencoders.autoencoder_kl_kvae_video import AutoencoderKLKVAEVideo
 from diffusers.models.autoencoders.autoencoder_kl_magvit import AutoencoderKLMagvit
+from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import AutoencoderKLMiniMaxH3
 from diffusers.models.autoencoders.autoencoder_kl_temporal_decoder import AutoencoderKLTemporalDecoder
 from torch import nn
 
@@ -31,6 +33,8 @@ from streamvae.testing import TINY_VAE_CONFIGS
 
 __all__ = [
     "latent",
+    "set_allegro_tiles",
+    "tiny_allegro",
     "tiny_cogvideox",
     "tiny_cosmos",
     "tiny_hunyuan_video",
@@ -38,6 +42,7 @@ __all__ = [
     "tiny_ltx2_video",
     "tiny_ltx_video",
     "tiny_magvit",
+    "tiny_minimax_h3",
     "tiny_mochi",
     "tiny_qwen_image",
     "tiny_stable_video",
@@ -193,4 +198,43 @@ def tiny_stable_video(seed: int = 0) -> AutoencoderKLTemporalDecoder:
     """Stable Video Diffusion: latent [B·F, 4, H, W] → frames [B·F, 3, 2H, 2W]."""
     torch.manual_seed(seed)
     vae: AutoencoderKLTemporalDecoder = AutoencoderKLTemporalDecoder(**TINY_VAE_CONFIGS["stable_video"])
+    return vae.eval()
+
+
+def tiny_allegro(seed: int = 0, frames: tuple[int, int] | None = (12, 8)) -> AutoencoderKLAllegro:
+    """Allegro: latent [B, 4, T, H, W] → ``vae.decode`` [B, 4T, 3, 2H, 2W]; tiling on, with tiles of
+    ``frames`` (kernel, stride) frames, 8×8 pixels every 4 rows and 6 columns (``None``: diffusers' own
+    tiles)."""
+    torch.manual_seed(seed)
+    vae = AutoencoderKLAllegro(**TINY_VAE_CONFIGS["allegro"]).eval()
+    vae.enable_tiling()
+    if frames is not None:
+        set_allegro_tiles(vae, frames)
+    return vae
+
+
+def set_allegro_tiles(vae: AutoencoderKLAllegro, frames: tuple[int, int]) -> None:
+    """Tiles of ``frames`` (kernel, stride) frames, 8×8 pixels every 4 rows and 6 columns."""
+    vae.kernel = (frames[0], 8, 8)
+    vae.stride = (frames[1], 4, 6)
+
+
+def tiny_minimax_h3(seed: int = 7, **geometry: int) -> AutoencoderKLMiniMaxH3:
+    """A seeded tiny MiniMax-H3 VAE whose decoder mixes tokens and whose pixels reach both clamps;
+    ``geometry`` replaces config keys (``clip_length``, ``token_drop``, ...).
+
+    Default initialisation zeroes the transformer blocks' residual scales (each token would decode alone,
+    so neither tiles nor clips would matter): every parameter is re-drawn, and ``proj_out`` scaled so the
+    ImageNet-normalized output spans [0, 1] and beyond.
+    """
+    torch.manual_seed(seed)
+    vae = AutoencoderKLMiniMaxH3(**{**TINY_VAE_CONFIGS["minimax_h3"], **geometry})
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in vae.parameters():
+            if param.ndim > 1:
+                param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(param[0].numel()))
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
+        vae.decoder.proj_out.weight.mul_(6.0)
     return vae.eval()

@@ -32,6 +32,11 @@ def denormalize_latents(vae: Any, latents: Tensor) -> Tensor:
       (``latents[:, additional_frames:]``); a saved latent still holds them, and only its caller knows
       how many there are.
 
+    - Allegro (``AllegroPipeline``): as CogVideoX, ``1 / scaling_factor * latents.to(vae.dtype)``.
+    - Mochi (``MochiPipeline``): ``latents * latents_std / scaling_factor + latents_mean`` (the config's
+      statistics in the latents' dtype), or ``latents / scaling_factor`` without them.
+    - EasyAnimate (Magvit) and Stable Video Diffusion (``decode_latents``): ``1 / scaling_factor *
+      latents``; SVD's pipeline latents are frames-first, [B, F, C, H, W].
     - MiniMax-H3 (the modular pipeline's decode block): ``latents * latents_std + latents_mean``, the
       config's lists as float32 tensors on the device; ``vae.decode`` casts the result.
 
@@ -84,6 +89,37 @@ def _minimax_h3(vae: Any, latents: Tensor) -> Tensor:
     return on_device
 
 
+def _mochi(vae: Any, latents: Tensor) -> Tensor:
+    import torch
+
+    from streamvae.models._common import execution_device
+
+    latents = latents.to(execution_device(vae))
+    scaling_factor: float = vae.config.scaling_factor
+    if vae.config.get("latents_mean") is None or vae.config.get("latents_std") is None:
+        scaled: Tensor = latents / scaling_factor
+        return scaled
+    mean, std = (
+        torch.tensor(vae.config[key]).view(1, 12, 1, 1, 1).to(latents.device, latents.dtype)
+        for key in ("latents_mean", "latents_std")
+    )
+    shifted: Tensor = latents * std / scaling_factor + mean
+    return shifted
+
+
+def _inverse_scaling(vae: Any, latents: Tensor) -> Tensor:
+    scaling_factor: float = vae.config.scaling_factor
+    on_device: Tensor = 1 / scaling_factor * _on_device(vae, latents)
+    return on_device
+
+
+def _on_device(vae: Any, latents: Tensor) -> Tensor:
+    from streamvae.models._common import execution_device
+
+    on_device: Tensor = latents.to(execution_device(vae))
+    return on_device
+
+
 def _on_vae(vae: Any, latents: Tensor) -> Tensor:
     from streamvae.models._common import execution_device
 
@@ -97,10 +133,14 @@ _FORMULAS: dict[str, Callable[[Any, Tensor], Tensor]] = {
     "AutoencoderKLHunyuanVideo": _hunyuan_video,
     "AutoencoderKLCogVideoX": _cogvideox,
     "AutoencoderKLMiniMaxH3": _minimax_h3,
+    "AutoencoderKLMochi": _mochi,
+    "AutoencoderKLAllegro": _cogvideox,  # AllegroPipeline: latents.to(vae.dtype), then 1 / scaling_factor
+    "AutoencoderKLMagvit": _inverse_scaling,
+    "AutoencoderKLTemporalDecoder": _inverse_scaling,
 }
 
 # Families whose pipeline latents are frames-first, [B, F, C, H, W].
-_FRAMES_FIRST = ("AutoencoderKLCogVideoX",)
+_FRAMES_FIRST = ("AutoencoderKLCogVideoX", "AutoencoderKLTemporalDecoder")
 
 # The VAEs whose pipeline latents cannot be de-normalized from the file alone, and why.
 _REFUSED = dict.fromkeys(
@@ -108,4 +148,13 @@ _REFUSED = dict.fromkeys(
     "--denormalize cannot rebuild an LTX-Video pipeline's decode input: its output_type='latent' latents "
     "are packed and its decode mixes in the pipeline's own noise at decode_timestep; use the pipeline API "
     "(streamvae.pipelines.generate_mp4) instead",
+)
+_REFUSED["AutoencoderKLCosmos"] = (
+    "--denormalize cannot rebuild a Cosmos pipeline's decode input: it divides by its scheduler's "
+    "sigma_data, which the VAE's config does not hold; de-normalize the latents yourself, or use "
+    "streamvae.pipelines"
+)
+_REFUSED["AutoencoderKLKVAEVideo"] = (
+    "--denormalize has nothing to undo for a KVAE: no diffusers pipeline uses it and its config holds no "
+    "latent statistics; decode its latents as they are, without --denormalize"
 )

@@ -24,6 +24,36 @@ TINY_VAE_CONFIGS: dict[str, dict[str, Any]] = {
         "patch_size": 2,
         "scale_factor_spatial": 16,
     },
+    # MiniMax-H3 (AutoencoderKLMiniMaxH3): the released temporal geometry (clips of 5 + 2 latent frames,
+    # clip_length 17, token_drop 3), 4× spatial, a one-layer ViT decoder.
+    "minimax_h3": {
+        "latent_channels": 4,
+        "block_out_channels": [4, 4],
+        "layers_per_block": 1,
+        "spatial_downsample_factors": [2, 2],
+        "temporal_downsample_factors": [2, 2],
+        "norm_num_groups": 2,
+        "decoder_num_layers": 1,
+        "decoder_num_attention_heads": 2,
+        "decoder_attention_head_dim": 8,
+        "decoder_num_register_tokens": 1,
+        "decoder_ffn_mult": 1,
+        "latents_mean": [0.0] * 4,
+        "latents_std": [1.0] * 4,
+    },
+    # Allegro (AutoencoderKLAllegro): two blocks of 4 channels, 4× temporal, 2× spatial. It decodes only in
+    # tiles (vae.enable_tiling()), whose sizes vae.kernel / vae.stride are attributes, not config.
+    "allegro": {
+        "latent_channels": 4,
+        "block_out_channels": [4, 4],
+        "down_block_types": ["AllegroDownBlock3D", "AllegroDownBlock3D"],
+        "up_block_types": ["AllegroUpBlock3D", "AllegroUpBlock3D"],
+        "temporal_downsample_blocks": [True, True],
+        "temporal_upsample_blocks": [True, True],
+        "temporal_compression_ratio": 4,
+        "layers_per_block": 1,
+        "norm_num_groups": 2,
+    },
     # KVAE (AutoencoderKLKVAEVideo): 4 latent channels, 4× temporal and spatial; its norms have 32 groups.
     "kvae": {"ch": 32, "ch_mult": [1, 1, 1], "num_res_blocks": 0, "z_channels": 4},
     # Mochi (AutoencoderKLMochi): 12 latent channels, 6× temporal, 8× spatial; GroupNorm of 32 groups.
