@@ -1,4 +1,5 @@
-"""Spatial shards of the families beyond Wan (HunyuanVideo, LTX-Video, LTX-2, CogVideoX) over gloo.
+"""Spatial shards of the families beyond Wan (HunyuanVideo, LTX-Video, LTX-2, CogVideoX, Mochi, EasyAnimate's
+Magvit) over gloo.
 
 Every rank decodes through ``sharded_decoder(vae, shard=...)``: its strip with the family's own walk and
 the hooks of ``streamvae.distributed._halo`` on the shared decoder, the chunks gathered on the output rank
@@ -31,7 +32,19 @@ from streamvae.distributed import ShardedDecoder, sharded_decoder
 from streamvae.distributed._halo import check_shardable, install_hooks
 from streamvae.distributed._layout import AXIS_DIM
 from tests._ranks import decode_with_the_cli_sharded_and_alone, spawn_ranks
-from tests._vaes import tiny_cogvideox, tiny_hunyuan_video, tiny_ltx2_video, tiny_ltx_video
+from tests._vaes import (
+    tiny_allegro,
+    tiny_cogvideox,
+    tiny_cosmos,
+    tiny_hunyuan_video,
+    tiny_kvae,
+    tiny_ltx2_video,
+    tiny_ltx_video,
+    tiny_magvit,
+    tiny_minimax_h3,
+    tiny_mochi,
+    tiny_stable_video,
+)
 
 GLOO_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective raises after this
 JOIN_TIMEOUT = 240.0  # a group that has not finished by then hung: the test fails
@@ -52,6 +65,10 @@ def family(name: str) -> tuple[Any, dict[str, Any]]:
         return tiny_ltx_video(timestep_conditioning=True), {"temb": torch.tensor([0.05])}
     if name == "ltx2":
         return tiny_ltx2_video(), {}
+    if name == "mochi":
+        return tiny_mochi(), {}
+    if name == "magvit":
+        return tiny_magvit(), {}
     assert name == "cogvideox"
     return tiny_cogvideox(), {}
 
@@ -89,6 +106,10 @@ TWO_RANKS = [
     Scenario("ltx_temb", 7, 8, 8, "height", exact=True),
     Scenario("ltx2", 7, 8, 8, "width", exact=True),
     Scenario("ltx2", 7, 5, 6, "height", max_delta=1e-5),  # measured 1.58e-6, 1 level
+    Scenario("mochi", 3, 8, 8, "height", max_delta=1e-5),  # measured 9.39e-7: the whole clip, one call
+    Scenario("mochi", 3, 5, 6, "width", max_delta=1e-5),
+    Scenario("magvit", 5, 8, 8, "height", max_delta=5e-5),  # measured 1.29e-5: one framewise call a step
+    Scenario("magvit", 5, 5, 6, "width", max_delta=5e-5),
     # auto: the axis chosen from the latent's size (height here; the bounds of the fixed axes above)
     Scenario("hunyuan", 7, 8, 8, "auto", max_delta=2e-5),
     Scenario("cogvideox", 7, 8, 8, "auto", max_delta=2e-5),
@@ -198,7 +219,7 @@ def test_every_rank_makes_the_same_collectives(
     assert seen[0].chunk_count > 1  # the windows (batches) were walked, not one call
     assert all(r.chunk_count == 0 and r.chunks is None for r in seen[1:])  # only the output rank publishes
     assert all(r.stats["steps"] == seen[0].chunk_count for r in seen)
-    group_norms = scenario.family in ("hunyuan", "cogvideox")
+    group_norms = scenario.family in ("hunyuan", "cogvideox", "mochi", "magvit")
     assert (seen[0].stats["norm_reductions"] > 0) == group_norms
     assert (seen[0].stats["attention_gathers"] > 0) == (scenario.family == "hunyuan")
 
@@ -206,7 +227,7 @@ def test_every_rank_makes_the_same_collectives(
 # ------------------------------------------------------------------------------------- in this process
 
 
-@pytest.mark.parametrize("name", ["hunyuan", "ltx_temb", "ltx2", "cogvideox"])
+@pytest.mark.parametrize("name", ["hunyuan", "ltx_temb", "ltx2", "cogvideox", "mochi", "magvit"])
 def test_a_plain_decode_is_unaffected_by_the_hooks(name: str) -> None:
     vae, kwargs = family(name)
     z = Scenario(name, 4, 3, 5, "height").latent(vae)
@@ -252,3 +273,21 @@ def test_torchrun_streamvae_decode_shards_a_cogvideox_like_the_single_process(
     )
     assert sharded_luma.shape == single_luma.shape == (17, 48, 64)
     assert np.abs(sharded_luma.astype(int) - single_luma.astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize(
+    ("factory", "layer", "reason"),
+    [
+        (tiny_minimax_h3, "transformer_blocks.0.attn", "attention mixes the whole frame"),
+        (tiny_allegro, "mid_block.attentions.0", "attention mixes the whole frame"),
+        (tiny_stable_video, "mid_block.attentions.0", "attention mixes the whole frame"),
+        (tiny_cosmos, "conv_in.conv_s", "stride-1 'same'"),
+        (tiny_kvae, "conv_in.conv", "stride-1 'same'"),
+    ],
+)
+def test_families_whose_layers_do_not_shard_are_refused_at_construction_naming_the_layer(
+    factory: Any, layer: str, reason: str
+) -> None:
+    vae = factory()
+    with pytest.raises(ValueError, match=rf"'{layer}'.*{reason}"):
+        check_shardable(vae.decoder, AXIS_DIM["height"])

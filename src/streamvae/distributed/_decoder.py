@@ -612,7 +612,10 @@ def sharded_decoder(
     """The sharded adapter of ``vae``, for every VAE :func:`streamvae.models.chunked_decoder` takes.
 
     A :class:`ShardedWanDecoder` for Wan 2.1 / 2.2 and Qwen-Image (it also takes latents in pieces), a
-    :class:`ShardedDecoder` for HunyuanVideo, LTX-Video, LTX-2 and CogVideoX. ``family_kwargs`` are what
+    :class:`ShardedDecoder` for HunyuanVideo, LTX-Video, LTX-2, CogVideoX, Mochi and EasyAnimate's Magvit.
+    A family whose layers cannot be split (MiniMax-H3's ViT, Allegro's and SVD's whole-frame attention,
+    Cosmos' and KVAE's self-padding convolutions) is refused with a ValueError naming the layer, before any
+    collective. ``family_kwargs`` are what
     ``chunked_decoder`` takes (LTX-Video's ``temb``). Call it on every rank of ``group`` with the same
     arguments; a bad ``shard`` is a ValueError on every rank, before any collective.
     """

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import torch
+from diffusers.models.attention import AttentionModuleMixin
 from diffusers.models.attention_processor import Attention
 from diffusers.models.autoencoders.autoencoder_kl_cogvideox import CogVideoXCausalConv3d
 from diffusers.models.autoencoders.autoencoder_kl_hunyuan_video import (
@@ -41,7 +42,8 @@ from streamvae.distributed._norms import group_norm_across_strips
 from streamvae.distributed._stats import ShardedDecodeStats
 
 _ATTENTION_BLOCKS = (WanAttentionBlock, QwenImageAttentionBlock)  # 5-D in, 5-D out: gathered as they are
-_ATTENTION = (Attention, nn.MultiheadAttention)  # attention anywhere else is refused
+# attention anywhere else is refused (AttentionModuleMixin: the newer families' own, MiniMax-H3's ViT's)
+_ATTENTION = (Attention, AttentionModuleMixin, nn.MultiheadAttention)
 _NOISE_RESNETS: tuple[type[nn.Module], ...] = (LTXVideoResnetBlock3d,)  # may draw noise per call
 # Per-position norms that reduce over channels with a strided sum, and the dim they reduce (see
 # _positions_align_pre_hook); Wan's RMS norm (F.normalize) has no such tail and is not among them.
