@@ -93,7 +93,16 @@ def load_vae(
         )
     except Exception as error:
         raise CliError(f"cannot load the {class_name} in {root}: {error}") from error
-    return vae.to(device).eval()
+    return prepare_loaded_vae(vae.to(device).eval())
+
+
+def prepare_loaded_vae(vae: Any) -> Any:
+    """``vae`` set up as its pipeline runs it, where loading alone does not: an ``AutoencoderKLAllegro``
+    decodes only tiled (``vae.decode`` raises without it), so its tiles are on, as AllegroPipeline's
+    examples turn them on (``vae.enable_tiling()``, diffusers' default tile sizes)."""
+    if type(vae).__name__ == "AutoencoderKLAllegro" and not vae.use_tiling:
+        vae.enable_tiling()
+    return vae
 
 
 def vae_class_name(directory: Path, subfolder: str | None = None) -> str:
