@@ -16,7 +16,10 @@ a small latent once (a warm-up), the peak RSS is reset (``/proc/self/clear_refs`
     pip install -e '.[bench]'            # imageio + imageio-ffmpeg (export_to_video), matplotlib, psutil
     python bench/families.py             # writes the "families" section of docs/benchmarks.md, docs/families.png
     python bench/families.py --quick     # one repeat at 256×256: print only
-    python bench/families.py --families wan21,minimax_h3
+    python bench/families.py --families wan21,minimax_h3   # re-measure these; the others' runs are kept
+
+Every family's runs are kept in docs/families.json, so a run of some families reports them beside the runs
+of the others measured before.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ class Family:
     latent_frames: int
     height: int = 480  # pixel frame size
     width: int = 832
+    factory_kwargs: tuple[tuple[str, Any], ...] = ()  # what the factory takes beyond its defaults
+    warm_up_size: int = 64  # pixel size of the warm-up decode (at least one tile for Allegro)
 
 
 FAMILIES: dict[str, Family] = {
@@ -69,7 +74,8 @@ FAMILIES: dict[str, Family] = {
     "minimax_h3": Family("MiniMax-H3", "tiny_minimax_h3", 7),
     "hunyuan_video15": Family("HunyuanVideo 1.5", "tiny_hunyuan_video15", 5),
     "mochi": Family("Mochi", "tiny_mochi", 4),
-    "allegro": Family("Allegro", "tiny_allegro", 6),
+    # diffusers' own tiles (24 frames of 320×320 pixels), not the tests' small ones
+    "allegro": Family("Allegro", "tiny_allegro", 6, factory_kwargs=(("frames", None),), warm_up_size=320),
     "cosmos": Family("Cosmos", "tiny_cosmos", 3),
     "magvit": Family("EasyAnimate (Magvit)", "tiny_magvit", 5),
     "stable_video": Family("Stable Video Diffusion", "tiny_stable_video", 17),
@@ -87,7 +93,7 @@ def build(family: Family, height: int, width: int) -> tuple[Any, torch.Tensor]:
     import tests._vaes as vaes
     from streamvae.models import chunked_decoder
 
-    vae = getattr(vaes, family.factory)()
+    vae = getattr(vaes, family.factory)(**dict(family.factory_kwargs))
     ratio = spatial_ratio(vae)
     channels = chunked_decoder(vae).latent_channels
     assert channels is not None
@@ -101,7 +107,8 @@ def spatial_ratio(vae: Any) -> int:
         value = getattr(vae, name, None) or getattr(vae.config, name, None)
         if isinstance(value, int):
             return value
-    return int(2 ** (len(vae.config.block_out_channels) - 1))
+    levels = vae.config.get("block_out_channels") or vae.config["ch_mult"]  # KVAE names its levels ch_mult
+    return int(2 ** (len(levels) - 1))
 
 
 def decoded_video(vae: Any, z: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -152,7 +159,7 @@ def call(method: str, vae: Any, z: torch.Tensor, path: Path) -> float:
 def run_child(method: str, name: str, height: int, width: int) -> dict[str, Any]:
     torch.set_num_threads(THREADS)
     family = FAMILIES[name]
-    small_vae, small = build(family, 64, 64)
+    small_vae, small = build(family, family.warm_up_size, family.warm_up_size)
     with tempfile.TemporaryDirectory() as tmp:
         call(method, small_vae, small, Path(tmp) / "warm-up.mp4")
         vae, z = build(family, height, width)
@@ -297,7 +304,8 @@ def decode_modes(names: list[str]) -> dict[str, str]:
 
     modes = {}
     for name in names:
-        adapter = chunked_decoder(getattr(vaes, FAMILIES[name].factory)())
+        family = FAMILIES[name]
+        adapter = chunked_decoder(getattr(vaes, family.factory)(**dict(family.factory_kwargs)))
         modes[name] = "streams" if adapter.streams else "whole"
     return modes
 
@@ -323,16 +331,24 @@ def main() -> None:
 
     repeats = 1 if args.quick else args.repeats
     started = time.perf_counter()
-    results = {}
+    saved = DOCS / "families.json"
+    results: dict[str, Runs] = {}
+    if not args.quick and saved.exists():
+        results = {name: runs for name, runs in json.loads(saved.read_text()).items() if name in FAMILIES}
     for name in names:
         family = FAMILIES[name]
-        height, width = (256, 256) if args.quick else (family.height, family.width)
+        quick = max(256, family.warm_up_size)
+        height, width = (quick, quick) if args.quick else (family.height, family.width)
         results[name] = measure(name, repeats, height, width)
+        if not args.quick:  # kept as each family ends: a later failure loses no runs
+            saved.write_text(json.dumps(results, indent=1) + "\n")
     print(f"measured in {time.perf_counter() - started:.0f} s", flush=True)
-    body = report(results, repeats, decode_modes(names))
+    results = {name: results[name] for name in FAMILIES if name in results}  # the table's order
+    body = report(results, repeats, decode_modes(list(results)))
     if args.quick:
         print(body)
         return
+    saved.write_text(json.dumps(results, indent=1) + "\n")
     plot(results, DOCS / "families.png")
     print(f"wrote {write_section('families', body)} and {DOCS / 'families.png'}")
 

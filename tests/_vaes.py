@@ -17,6 +17,7 @@ from diffusers import (
     AutoencoderKLCogVideoX,
     AutoencoderKLCosmos,
     AutoencoderKLHunyuanVideo,
+    AutoencoderKLHunyuanVideo15,
     AutoencoderKLLTX2Video,
     AutoencoderKLLTXVideo,
     AutoencoderKLMochi,
@@ -38,6 +39,7 @@ __all__ = [
     "tiny_cogvideox",
     "tiny_cosmos",
     "tiny_hunyuan_video",
+    "tiny_hunyuan_video15",
     "tiny_kvae",
     "tiny_ltx2_video",
     "tiny_ltx_video",
@@ -237,4 +239,13 @@ def tiny_minimax_h3(seed: int = 7, **geometry: int) -> AutoencoderKLMiniMaxH3:
             else:
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.5)
         vae.decoder.proj_out.weight.mul_(6.0)
+    return vae.eval()
+
+
+def tiny_hunyuan_video15(seed: int = 0) -> AutoencoderKLHunyuanVideo15:
+    """HunyuanVideo 1.5: latent [B, 4, T, H, W] → video [B, 3, 1 + 4(T − 1), 8H, 8W]; weights re-drawn
+    (default initialisation leaves its outputs nearly flat)."""
+    torch.manual_seed(seed)
+    vae = AutoencoderKLHunyuanVideo15(**TINY_VAE_CONFIGS["hunyuan_video15"])
+    _randomize(vae, seed)
     return vae.eval()

@@ -25,7 +25,8 @@ def denormalize_latents(vae: Any, latents: Tensor) -> Tensor:
 
     - Wan, Qwen-Image: :func:`streamvae.models.wan.denormalize_wan_latents` (``latents_mean`` /
       ``latents_std``).
-    - HunyuanVideo (``HunyuanVideoPipeline`` and its image-to-video pipelines):
+    - HunyuanVideo and HunyuanVideo 1.5 (``HunyuanVideoPipeline``, ``HunyuanVideo15Pipeline`` and their
+      image-to-video pipelines):
       ``latents.to(vae.dtype) / vae.config.scaling_factor``.
     - CogVideoX (``CogVideoXPipeline.decode_latents``): ``1 / vae.config.scaling_factor * latents``.
       CogVideoX 1.5's pipeline first drops the latent frames it padded the clip with
@@ -131,6 +132,7 @@ _FORMULAS: dict[str, Callable[[Any, Tensor], Tensor]] = {
     "AutoencoderKLWan": _wan,
     "AutoencoderKLQwenImage": _wan,
     "AutoencoderKLHunyuanVideo": _hunyuan_video,
+    "AutoencoderKLHunyuanVideo15": _hunyuan_video,  # HunyuanVideo15Pipeline: the same formula
     "AutoencoderKLCogVideoX": _cogvideox,
     "AutoencoderKLMiniMaxH3": _minimax_h3,
     "AutoencoderKLMochi": _mochi,

@@ -56,6 +56,14 @@ TINY_VAE_CONFIGS: dict[str, dict[str, Any]] = {
     },
     # KVAE (AutoencoderKLKVAEVideo): 4 latent channels, 4× temporal and spatial; its norms have 32 groups.
     "kvae": {"ch": 32, "ch_mult": [1, 1, 1], "num_res_blocks": 0, "z_channels": 4},
+    # HunyuanVideo 1.5 (AutoencoderKLHunyuanVideo15): 4 latent channels, 4× temporal, 8× spatial.
+    "hunyuan_video15": {
+        "latent_channels": 4,
+        "block_out_channels": (8, 8, 8, 8),
+        "layers_per_block": 1,
+        "spatial_compression_ratio": 8,
+        "temporal_compression_ratio": 4,
+    },
     # Mochi (AutoencoderKLMochi): 12 latent channels, 6× temporal, 8× spatial; GroupNorm of 32 groups.
     "mochi": {
         "encoder_block_out_channels": (32, 32, 32, 32),

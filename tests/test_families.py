@@ -1,0 +1,109 @@
+"""Every video VAE class of diffusers' video pipelines, through the public entry points.
+
+Each family's own test file checks its walk against ``vae.decode``; here every class in
+``models.supported_classes()`` is taken by ``chunked_decoder`` and by ``decode_to_mp4`` given the plain
+diffusers instance (the registry's way in), and the MP4 decodes to every frame of the decode, at its size,
+with its pixels (lossless luma within a level of the decode's, quantized in the family's value range). A
+class streamvae does not decode is a TypeError that lists the ones it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from diffusers import AutoencoderKL
+from torch import Tensor
+
+import streamvae
+from streamvae.models import ChunkedDecoder, chunked_decoder, supported_classes
+from streamvae.testing import TINY_VAE_CONFIGS
+from tests import _vaes
+from tests._media import bt709_luma, read_luma
+
+#: the diffusers VAE classes of diffusers 0.42.1's video pipelines (and KVAE), with the tiny test VAE of
+#: each and a latent it decodes [channels, latent frames, height, width]
+FAMILIES: dict[str, tuple[Callable[[], Any], tuple[int, int, int, int]]] = {
+    "AutoencoderKLWan": (_vaes.tiny_wan21, (16, 3, 4, 4)),
+    "AutoencoderKLQwenImage": (_vaes.tiny_qwen_image, (16, 3, 4, 4)),
+    "AutoencoderKLHunyuanVideo": (_vaes.tiny_hunyuan_video, (4, 3, 2, 2)),
+    "AutoencoderKLLTXVideo": (_vaes.tiny_ltx_video, (8, 3, 2, 2)),
+    "AutoencoderKLLTX2Video": (_vaes.tiny_ltx2_video, (8, 3, 2, 2)),
+    "AutoencoderKLCogVideoX": (_vaes.tiny_cogvideox, (4, 3, 2, 2)),
+    "AutoencoderKLMiniMaxH3": (_vaes.tiny_minimax_h3, (4, 7, 4, 4)),
+    "AutoencoderKLHunyuanVideo15": (_vaes.tiny_hunyuan_video15, (4, 3, 2, 2)),
+    "AutoencoderKLMochi": (_vaes.tiny_mochi, (12, 2, 2, 2)),
+    "AutoencoderKLAllegro": (_vaes.tiny_allegro, (4, 4, 4, 7)),
+    "AutoencoderKLCosmos": (_vaes.tiny_cosmos, (4, 2, 2, 2)),
+    "AutoencoderKLMagvit": (_vaes.tiny_magvit, (4, 3, 2, 2)),
+    "AutoencoderKLTemporalDecoder": (_vaes.tiny_stable_video, (4, 3, 4, 4)),
+    "AutoencoderKLKVAEVideo": (_vaes.tiny_kvae, (4, 6, 2, 2)),
+}
+
+
+def family_latent(shape: tuple[int, int, int, int]) -> Tensor:
+    return torch.randn(1, *shape, generator=torch.Generator().manual_seed(0))
+
+
+def whole_video(adapter: ChunkedDecoder, z: Tensor) -> Tensor:
+    """The family's decode, BCTHW: its adapter's chunks (each family's tests compare them to vae.decode)."""
+    return torch.cat(list(adapter.iter_chunks(z)), dim=2)
+
+
+def test_every_video_vae_class_of_the_pipelines_is_supported() -> None:
+    assert sorted(FAMILIES) == supported_classes()
+
+
+@pytest.mark.parametrize("class_name", sorted(FAMILIES))
+def test_chunked_decoder_takes_each_class_and_says_whether_it_streams(class_name: str) -> None:
+    factory, _ = FAMILIES[class_name]
+    vae = factory()
+    assert type(vae).__name__ == class_name
+    adapter = chunked_decoder(vae)
+    assert adapter.vae is vae and isinstance(vae, adapter.vae_classes)
+    assert isinstance(adapter.streams, bool)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("class_name", sorted(FAMILIES))
+async def test_decode_to_mp4_takes_the_plain_instance_and_writes_every_frame(class_name: str) -> None:
+    factory, shape = FAMILIES[class_name]
+    vae = factory()
+    z = family_latent(shape)
+    with torch.no_grad():
+        expected = whole_video(chunked_decoder(vae), z)
+    options = {"threads": "1", "crf": "0"}  # lossless luma
+    (video,) = await streamvae.decode_to_mp4(vae, z, fps=8, video_codec_options=options)
+    luma = read_luma(video).astype(int)
+    assert luma.shape == (expected.shape[2], *expected.shape[3:])
+    levels = streamvae.quantize_chunk(expected, chunked_decoder(vae).chunk_value_range)
+    assert abs(luma - bt709_luma(levels.numpy()[0]).astype(int)).max() <= 1  # the decode's own pixels
+    known = chunked_decoder(vae).output_frames(shape[1])
+    assert known in (None, expected.shape[2])
+
+
+def test_the_tiny_configs_build_their_classes() -> None:
+    import diffusers
+
+    classes = {
+        "kvae": "AutoencoderKLKVAEVideo",
+        "mochi": "AutoencoderKLMochi",
+        "cosmos": "AutoencoderKLCosmos",
+        "magvit": "AutoencoderKLMagvit",
+        "stable_video": "AutoencoderKLTemporalDecoder",
+        "allegro": "AutoencoderKLAllegro",
+        "minimax_h3": "AutoencoderKLMiniMaxH3",
+        "hunyuan_video15": "AutoencoderKLHunyuanVideo15",
+    }
+    for key, class_name in classes.items():
+        vae = getattr(diffusers, class_name)(**TINY_VAE_CONFIGS[key])
+        assert sum(p.numel() for p in vae.parameters()) < 2_000_000, key  # tiny: decodes in a blink
+
+
+def test_a_class_streamvae_does_not_decode_is_a_type_error_listing_every_supported_one() -> None:
+    image_vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=4)
+    with pytest.raises(TypeError, match="supported diffusers classes") as caught:
+        chunked_decoder(image_vae)
+    assert all(name in str(caught.value) for name in FAMILIES)
