@@ -105,3 +105,9 @@ def bt709_luma(rgb: np.ndarray) -> np.ndarray:
     ]
     height = rgb.shape[1]
     return np.stack([p[:height] for p in planes])
+
+
+def frame_sizes(data: bytes) -> list[tuple[int, int]]:
+    """(height, width) of every frame an MP4 decodes to, in order."""
+    with av.open(io.BytesIO(data)) as container:
+        return [(frame.height, frame.width) for frame in container.decode(video=0)]

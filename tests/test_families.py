@@ -107,3 +107,10 @@ def test_a_class_streamvae_does_not_decode_is_a_type_error_listing_every_support
     with pytest.raises(TypeError, match="supported diffusers classes") as caught:
         chunked_decoder(image_vae)
     assert all(name in str(caught.value) for name in FAMILIES)
+
+
+@pytest.mark.parametrize("class_name", sorted(FAMILIES))
+def test_each_adapter_refuses_another_module_naming_the_class_it_wraps(class_name: str) -> None:
+    adapter_type = type(chunked_decoder(FAMILIES[class_name][0]()))
+    with pytest.raises(TypeError, match=f"wraps a diffusers .*{class_name}.*, got torch.nn"):
+        adapter_type(torch.nn.Linear(1, 1))

@@ -7,11 +7,8 @@ A 7-latent clip of 4×7 latents spans 3 temporal positions of 1×2 tiles: 8, 8 a
 
 from __future__ import annotations
 
-import io
-from collections.abc import Generator
 from typing import Any
 
-import av
 import pytest
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_allegro import AutoencoderKLAllegro
@@ -20,6 +17,7 @@ from torch import Tensor
 import streamvae
 from streamvae.models.allegro import AllegroChunkedDecoder
 from tests._adapters import check_registry, conforms, reference
+from tests._media import frame_sizes
 from tests._vaes import set_allegro_tiles as set_tiles
 from tests._vaes import tiny_allegro as tiny_vae
 
@@ -191,17 +189,6 @@ def test_registry_returns_the_adapter() -> None:
     check_registry(tiny_vae(), AllegroChunkedDecoder, latent_channels=4)
 
 
-def test_other_modules_are_refused_by_name() -> None:
-    with pytest.raises(TypeError, match="wraps a diffusers AutoencoderKLAllegro, got torch.nn"):
-        AllegroChunkedDecoder(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
-
-
-def frames_of(mp4: bytes) -> Generator[tuple[int, int], None, None]:
-    with av.open(io.BytesIO(mp4), "r") as container:
-        for frame in container.decode(video=0):
-            yield frame.height, frame.width
-
-
 @pytest.mark.anyio
 async def test_decode_to_mp4_writes_every_frame() -> None:
     vae = tiny_vae()
@@ -212,4 +199,4 @@ async def test_decode_to_mp4_writes_every_frame() -> None:
     )
     assert len(videos) == 2
     for mp4 in videos:
-        assert list(frames_of(mp4)) == [tuple(expected.shape[3:])] * expected.shape[2]
+        assert frame_sizes(mp4) == [tuple(expected.shape[3:])] * expected.shape[2]

@@ -7,14 +7,10 @@ frames.
 
 from __future__ import annotations
 
-import io
-
-import av
 import pytest
 import torch
 from torch import Tensor
 
-import streamvae
 from streamvae.models.cosmos import CosmosChunkedDecoder
 from tests._adapters import check_registry, conforms, reference
 from tests._vaes import tiny_cosmos as tiny_vae
@@ -68,21 +64,3 @@ def test_vae_decode_is_unchanged_after_a_chunked_decode() -> None:
 
 def test_registry_returns_the_adapter() -> None:
     check_registry(tiny_vae(), CosmosChunkedDecoder, latent_channels=4)
-
-
-def test_other_modules_are_refused_by_name() -> None:
-    with pytest.raises(TypeError, match="wraps a diffusers AutoencoderKLCosmos, got torch.nn"):
-        CosmosChunkedDecoder(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
-
-
-@pytest.mark.anyio
-async def test_decode_to_mp4_gives_every_frame_of_vae_decode() -> None:
-    vae = tiny_vae()
-    z = latent(frames=2)
-    expected = reference(vae, z)
-    (mp4,) = await streamvae.decode_to_mp4(
-        CosmosChunkedDecoder(vae), z, fps=8, video_codec_options={"threads": "1"}
-    )
-    with av.open(io.BytesIO(mp4)) as container:
-        sizes = [(frame.height, frame.width) for frame in container.decode(video=0)]
-    assert sizes == [tuple(expected.shape[3:])] * expected.shape[2] == [(16, 16)] * 9

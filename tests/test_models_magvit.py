@@ -7,10 +7,6 @@ each), carrying causal caches in its modules from one call to the next.
 
 from __future__ import annotations
 
-import io
-from collections.abc import Generator
-
-import av
 import pytest
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_magvit import (
@@ -23,6 +19,7 @@ from torch import Tensor
 import streamvae
 from streamvae.models.magvit import MagvitChunkedDecoder
 from tests._adapters import check_batch_chunks, check_registry, check_tiling_matters, conforms, reference
+from tests._media import frame_sizes
 from tests._vaes import tiny_magvit as tiny_vae
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -190,17 +187,6 @@ def test_registry_returns_the_adapter() -> None:
     check_registry(tiny_vae(), MagvitChunkedDecoder, latent_channels=4)
 
 
-def test_other_modules_are_refused_by_name() -> None:
-    with pytest.raises(TypeError, match="wraps a diffusers AutoencoderKLMagvit, got torch.nn"):
-        MagvitChunkedDecoder(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
-
-
-def frames_of(mp4: bytes) -> Generator[tuple[int, int], None, None]:
-    with av.open(io.BytesIO(mp4), "r") as container:
-        for frame in container.decode(video=0):
-            yield frame.height, frame.width
-
-
 @pytest.mark.anyio
 async def test_decode_to_mp4_writes_every_frame() -> None:
     vae = tiny_vae()
@@ -211,4 +197,4 @@ async def test_decode_to_mp4_writes_every_frame() -> None:
     )
     assert len(videos) == 2
     for mp4 in videos:
-        assert list(frames_of(mp4)) == [tuple(expected.shape[3:])] * expected.shape[2]
+        assert frame_sizes(mp4) == [tuple(expected.shape[3:])] * expected.shape[2]

@@ -6,15 +6,12 @@ A tiny random-weight ``AutoencoderKLMochi`` (6× temporal, 8× spatial; 32 chann
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
-import av
 import pytest
 import torch
 from torch import Tensor
 
-import streamvae
 from streamvae.models.mochi import MochiChunkedDecoder
 from tests._adapters import check_registry, check_small_tiles, conforms, reference
 from tests._vaes import tiny_mochi as tiny_vae
@@ -110,21 +107,3 @@ def test_diffusers_framewise_decode_fails_or_does_not_join_its_batches() -> None
 
 def test_registry_returns_the_adapter() -> None:
     check_registry(tiny_vae(), MochiChunkedDecoder, latent_channels=12)
-
-
-def test_other_modules_are_refused_by_name() -> None:
-    with pytest.raises(TypeError, match="wraps a diffusers AutoencoderKLMochi, got torch.nn"):
-        MochiChunkedDecoder(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
-
-
-@pytest.mark.anyio
-async def test_decode_to_mp4_gives_every_frame_of_vae_decode() -> None:
-    vae = tiny_vae()
-    z = latent(frames=2)
-    expected = reference(vae, z)
-    (mp4,) = await streamvae.decode_to_mp4(
-        MochiChunkedDecoder(vae), z, fps=8, video_codec_options={"threads": "1"}
-    )
-    with av.open(io.BytesIO(mp4)) as container:
-        sizes = [(frame.height, frame.width) for frame in container.decode(video=0)]
-    assert sizes == [tuple(expected.shape[3:])] * expected.shape[2] == [(16, 16)] * 7

@@ -65,7 +65,8 @@ def open_latent_stream(
     one piece at a time whoever asks — streams then take turns piece by piece.
 
     ``vae`` is anything :func:`streamvae.models.as_decoder` takes whose decoder is causal across calls:
-    the diffusers ``AutoencoderKLWan`` (2.1, 2.2) and ``AutoencoderKLQwenImage``, or a decoder of your own.
+    the diffusers ``AutoencoderKLWan`` (2.1, 2.2), ``AutoencoderKLQwenImage`` and ``AutoencoderKLKVAEVideo``,
+    or a decoder of your own.
     Any other raises TypeError here, naming those. Sharded across a process group: every rank opens a
     stream on its :func:`streamvae.distributed.sharded_decoder` of a Wan-family VAE and pushes the same
     pieces in the same order; the output rank's MP4 is the single process's, the others' ``finish()``

@@ -2,8 +2,9 @@
 
 Each adapter wraps the instance (same module, same weights, nothing reloaded) and derives from
 :class:`ChunkedDecoder`, which implements :class:`streamvae.SupportsChunkedVAEDecode`. One module per model
-family (``streamvae.models.wan``, ``.hunyuan_video``, ``.ltx_video``, ``.cogvideox``); importing this
-package does not import diffusers. :func:`as_decoder` turns anything decodable into a
+family (``streamvae.models.wan``, ``.hunyuan_video``, ``.hunyuan_video15``, ``.ltx_video``, ``.cogvideox``,
+``.minimax_h3``, ``.mochi``, ``.allegro``, ``.cosmos``, ``.magvit``, ``.stable_video``, ``.kvae``);
+importing this package does not import diffusers. :func:`as_decoder` turns anything decodable into a
 :class:`ChunkedDecoder`; check a decoder of your own with :func:`streamvae.testing.check_chunked_decoder`.
 """
 
