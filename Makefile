@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(PY) bench/pipeline.py
 	$(PY) bench/wan.py
 	$(PY) bench/generate.py
+	$(PY) bench/families.py
 	$(PY) bench/producers.py
 	$(PY) bench/distributed.py
 	$(PY) bench/encode_budget.py
