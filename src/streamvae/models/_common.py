@@ -116,16 +116,17 @@ def overlapping_window_chunks(
             yield chunk
 
 
-def split_frames(video: Tensor, *, first: int, step: int) -> Generator[Tensor, None, None]:
-    """Hand a whole decoded ``video`` (BCTHW) on chunk by chunk: ``first`` frames, then ``step`` a chunk.
+def split_frames(video: Tensor, *, latent_frames: int, step: int) -> Generator[Tensor, None, None]:
+    """Hand a whole decoded ``video`` (BCTHW) on a latent frame's worth at a time: the first latent frame's
+    frames (what the ``latent_frames - 1`` others, ``step`` each, leave), then ``step`` a chunk.
 
     For a family whose decoder needs the whole latent at once: the encoder still takes one latent frame's
-    worth of frames at a time (``first`` = the first latent frame's frames, ``step`` = the temporal
-    compression), so quantizing and encoding overlap the chunks after. Chunks are views of ``video``.
+    worth of frames at a time (``step`` = the temporal compression), so quantizing and encoding overlap the
+    chunks after. Chunks are views of ``video``.
     """
     frames = video.shape[2]
     start = 0
-    size = max(1, first)
+    size = max(1, frames - (latent_frames - 1) * step)
     while start < frames:
         yield video[:, :, start : start + size]
         start += size

@@ -58,7 +58,7 @@ class CosmosChunkedDecoder(ChunkedDecoder):
         video: Tensor = vae.decoder(vae.post_quant_conv(z))
         ratio = self._temporal_ratio
         # the first latent frame's frames, then a latent frame's worth a chunk, for the encoder to take
-        yield from split_frames(video, first=video.shape[2] - (z.shape[2] - 1) * ratio, step=ratio)
+        yield from split_frames(video, latent_frames=z.shape[2], step=ratio)
 
     @property
     def _temporal_ratio(self) -> int:

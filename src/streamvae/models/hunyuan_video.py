@@ -52,7 +52,7 @@ class HunyuanVideoChunkedDecoder(ChunkedDecoder):
             yield from overlapping_window_chunks(vae, z, self._decode_window)
         else:  # one decoder call; its frames still go to the encoder a latent frame's worth at a time
             yield from split_frames(
-                self._decode_window(z, True), first=1, step=vae.temporal_compression_ratio
+                self._decode_window(z, True), latent_frames=z.shape[2], step=vae.temporal_compression_ratio
             )
 
     def _decode_window(self, z: Tensor, first: bool) -> Tensor:

@@ -91,7 +91,9 @@ class LTXVideoChunkedDecoder(ChunkedDecoder):
         if vae.use_framewise_decoding and z.shape[2] > min_window_latents:
             yield from overlapping_window_chunks(vae, z, decode_window)
         else:  # one decoder call; its frames still go to the encoder a latent frame's worth at a time
-            yield from split_frames(decode_window(z, True), first=1, step=vae.temporal_compression_ratio)
+            yield from split_frames(
+                decode_window(z, True), latent_frames=z.shape[2], step=vae.temporal_compression_ratio
+            )
 
     def _decode_window(self, z: Tensor, temb: Tensor | None, first: bool) -> Tensor:
         """Decode latent frames ``z`` in one decoder call (spatially tiled if large), as diffusers does."""

@@ -91,4 +91,4 @@ class MochiChunkedDecoder(ChunkedDecoder):
             if vae.drop_last_temporal_frames and video.shape[2] >= ratio:
                 video = video[:, :, ratio - 1 :]
         # the first latent frame's frames, then a latent frame's worth a chunk, for the encoder to take
-        yield from split_frames(video, first=video.shape[2] - (z.shape[2] - 1) * ratio, step=ratio)
+        yield from split_frames(video, latent_frames=z.shape[2], step=ratio)

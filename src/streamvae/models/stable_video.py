@@ -74,7 +74,7 @@ class StableVideoChunkedDecoder(ChunkedDecoder):
         num_frames = z.shape[2]
         size = self.decode_chunk_size or num_frames
         if size >= num_frames:  # one call; its frames still go to the encoder one at a time
-            yield from split_frames(self._decode_call(z), first=1, step=1)
+            yield from split_frames(self._decode_call(z), latent_frames=z.shape[2], step=1)
             return
         for start in range(0, num_frames, size):
             yield self._decode_call(z[:, :, start : start + size])
