@@ -1,4 +1,4 @@
-"""Running a diffusers pipeline up to its ``vae.decode`` call, and taking what it passes there.
+"""Running a diffusers pipeline with streamvae in place of its ``vae.decode``.
 
 Every diffusers video pipeline ends the same way: the denoising loop, then the steps that turn its latents
 into what the VAE decodes (de-normalizing, unpacking packed latents, dropping padding frames, permuting
@@ -6,25 +6,39 @@ frames-first latents, LTX's decode-timestep noise drawn from the call's own gene
 ``vae.decode(latents, …)`` and the post-processing of the decoded video. Those middle steps differ per
 family and change between diffusers releases; re-implementing them would make streamvae's frames drift
 from the pipeline's own whenever diffusers moves. So the pipeline runs its own code, and streamvae stands
-in for ``vae.decode`` on the pipeline's VAE for the duration of the call: the stand-in records the
-arguments (the latents, and e.g. LTX's ``temb``) and stops the pipeline right there, before anything is
-decoded. streamvae then decodes those latents itself, chunk by chunk, into MP4s. The decoded video never
-exists as one tensor, and the frames are those ``vae.decode`` would have returned to the pipeline.
+in for ``vae.decode`` for the duration of the call. What the stand-in does is the pipeline's plan
+(``_plans``):
+
+- **a pipeline that decodes once** (:func:`run_to_decode`): the stand-in records the arguments (the
+  latents, LTX's ``temb``) and stops the pipeline right there, before anything is decoded; streamvae then
+  decodes those latents itself, chunk by chunk. A pipeline that makes sound after its video decode (LTX-2,
+  MiniMax-H3) is not stopped: the stand-in hands back a one-pixel placeholder of the video, so the
+  pipeline goes on to its audio decode and returns its soundtrack; its video output is the placeholder's,
+  and is dropped. The decoded video never exists as one tensor either way.
+- **a pipeline that decodes clip by clip** (:func:`run_clips`): each call is decoded by streamvae, its
+  chunks streamed at once, and the decoded clip handed back to the pipeline (which conditions on it, and
+  keeps it as it always did). Only the frames a later step can still cut are held back
+  (:class:`_ClipKeeper`); at the end, the frames sent must be, in number and order, those the pipeline
+  returned, or the call fails.
 
 The design notes:
 
-- **One call at a time per VAE.** The stand-in is an attribute of the VAE instance, and a diffusers
-  pipeline keeps per-call state on itself (``_guidance_scale``, ``_interrupt``, …): two calls on one
-  pipeline (or two pipelines sharing a VAE) would see each other's. Calls on one VAE take turns on a lock,
-  waited for in the worker thread with a short poll so that a cancelled caller stops waiting.
-- **Cancellation stops the denoising loop at its next step.** diffusers' ``interrupt`` only skips the
-  remaining steps (the pipeline still goes on to ``vae.decode``, and ``__call__`` resets it when it
-  starts), so streamvae wraps ``callback_on_step_end`` instead: at the end of each step it checks whether
-  the caller was cancelled and, if so, raises, which ends ``__call__`` there. A cancellation before the
-  loop starts is seen before the pipeline is called; one during the last step is seen by the stand-in.
-- **Nothing of the pipeline outlives the call.** The stand-in is removed in ``finally`` (an instance
-  attribute that was there before is put back), the exception that carried the latents out is dropped
-  with its traceback (which holds every local of the denoising loop), and the pipeline's
+- **The stand-in is the call's own.** It is an attribute of the VAE instance for the call, but it acts
+  only in the pipeline's worker thread: any other thread calling ``vae.decode`` meanwhile gets the VAE's
+  ordinary decode. Calls on one VAE still take turns on a lock (a pipeline keeps per-call state on itself:
+  ``_guidance_scale``, ``_interrupt``, …), waited for in the worker thread with a short poll so that a
+  cancelled caller stops waiting.
+- **Cancellation stops the denoising at its next step.** diffusers' ``interrupt`` only skips the remaining
+  steps (the pipeline still goes on to ``vae.decode``, and ``__call__`` resets it when it starts), so
+  streamvae checks for a cancelled caller before every forward of the pipeline's models (a forward
+  pre-hook that acts in the worker thread only: it works for pipelines without ``callback_on_step_end``,
+  such as HunyuanVideo 1.5's and every modular one), and at the end of each step where the pipeline takes
+  a ``callback_on_step_end`` (the user's own still runs, at every step). Raising there ends the call: the
+  pipelines do not catch it. A cancellation before the call is seen before the pipeline starts; one during
+  the last step, by the stand-in.
+- **Nothing of the pipeline outlives the call.** The stand-in and the hooks are removed in ``finally`` (an
+  instance attribute ``decode`` that was there before is put back), the exception that carried the latents
+  out is dropped with its traceback (which holds every local of the denoising loop), and the pipeline's
   ``maybe_free_model_hooks`` runs as it would have after ``vae.decode`` (offloaded models go back).
 """
 
@@ -33,19 +47,34 @@ from __future__ import annotations
 import contextlib
 import inspect
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import Tensor
 
-from streamvae._decode_worker import check_abandoned
+from streamvae._decode_worker import check_abandoned, run_decode
+from streamvae._quantize import PerChannelRange, ValueRange
+from streamvae.models import as_decoder
+from streamvae.pipelines._plans import PipelinePlan
 
-__all__ = ["CapturedDecode", "check_pipeline", "check_pipeline_kwargs", "run_to_decode"]
+__all__ = [
+    "CapturedDecode",
+    "ClipSink",
+    "check_pipeline",
+    "check_pipeline_kwargs",
+    "run_clips",
+    "run_to_decode",
+]
 
 #: seconds between looks at a cancelled caller while waiting for another call on the same VAE
 _TURN_POLL_SECONDS = 0.05
+#: how far a returned frame's per-channel mean may be from the one streamvae sent at that place (the
+#: same pixels give the same means to float rounding; another frame is far off)
+_FINGERPRINT_TOLERANCE = 2e-3
 
 _turns_lock = threading.Lock()
 _turns: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
@@ -53,12 +82,23 @@ _turns: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictiona
 
 @dataclass(frozen=True)
 class CapturedDecode:
-    """What a pipeline passed to ``vae.decode``: the latents, and the decode's other arguments."""
+    """What a pipeline passed to ``vae.decode``, and what it returned when it went on past it."""
 
     #: the latents ``vae.decode`` was called with, as the pipeline prepared them
     latents: Tensor
     #: the decode's other arguments that differ from their defaults (LTX-Video's ``temb``, …)
     decode_kwargs: Mapping[str, Any]
+    #: what the pipeline returned, when it was let go on past its decode (its sound); else None
+    output: Any = None
+
+
+@dataclass(frozen=True)
+class ClipSink:
+    """Where :func:`run_clips` sends what it decodes: a session's chunk bridge, and what to do when the
+    batch is first known (check it, open the streams), both called in the worker thread."""
+
+    push: Callable[[Tensor], None]
+    on_batch: Callable[[int], None]
 
 
 class _ReachedDecode(Exception):
@@ -69,87 +109,294 @@ class _ReachedDecode(Exception):
         self.captured = captured
 
 
-def check_pipeline(pipe: object, *, owner: str) -> Any:
-    """``pipe``'s VAE if ``pipe`` is a diffusers pipeline this module can run, else a TypeError naming it.
+# -- the door --
 
-    A pipeline qualifies when it is callable with ``output_type`` and ``callback_on_step_end`` (every
-    diffusers video pipeline is) and has a ``vae`` whose ``decode`` it calls; whether streamvae decodes
-    that VAE is the caller's check (``streamvae.models.as_decoder``).
-    """
+
+def check_pipeline(pipe: object, *, owner: str) -> Any:
+    """``pipe``'s VAE if ``pipe`` is a diffusers pipeline (standard or modular) with one, else a TypeError
+    naming it. Whether streamvae decodes that VAE, and reproduces that pipeline, are the caller's checks
+    (``streamvae.models.as_decoder``, ``_plans.find_plan``), in that order."""
     described = f"{type(pipe).__module__}.{type(pipe).__qualname__}"
     vae = getattr(pipe, "vae", None)
     if vae is None or not callable(getattr(vae, "decode", None)) or not callable(pipe):
         raise TypeError(
-            f"{owner}: pipe must be a diffusers pipeline with a VAE (WanPipeline, HunyuanVideoPipeline, "
-            f"LTXPipeline, CogVideoXPipeline, …), got {described}"
-        )
-    parameters = inspect.signature(pipe).parameters
-    missing = [name for name in ("output_type", "callback_on_step_end") if name not in parameters]
-    if missing:
-        raise TypeError(
-            f"{owner}: {described} takes no {' or '.join(missing)}: streamvae runs diffusers pipelines that "
-            "take both (WanPipeline, HunyuanVideoPipeline, LTXPipeline, CogVideoXPipeline, …)"
+            f"{owner}: pipe must be a diffusers pipeline with a VAE (WanPipeline, HeliosPipeline, "
+            f"LTX2Pipeline, MiniMax-H3's ModularPipeline, …), got {described}"
         )
     return vae
 
 
-def check_pipeline_kwargs(pipe: Any, pipeline_kwargs: Mapping[str, Any], *, owner: str) -> None:
-    """A TypeError naming ``owner`` unless ``pipe(**pipeline_kwargs)`` binds; a ValueError for an
-    ``output_type``, which streamvae chooses itself (the pipeline must reach ``vae.decode``)."""
-    if "output_type" in pipeline_kwargs:
-        raise ValueError(
-            f"{owner}: output_type is streamvae's to choose (the pipeline's latents are decoded into MP4s); "
-            f"leave it out, got output_type={pipeline_kwargs['output_type']!r}"
-        )
-    try:
-        inspect.signature(pipe).bind(**pipeline_kwargs)
-    except TypeError as error:
-        raise TypeError(f"{owner}: {type(pipe).__name__}() {error}") from None
+def check_pipeline_kwargs(
+    pipe: Any, plan: PipelinePlan, pipeline_kwargs: Mapping[str, Any], *, owner: str
+) -> None:
+    """A TypeError naming ``owner`` unless ``pipe(**pipeline_kwargs)`` takes these arguments; a ValueError
+    for the arguments streamvae chooses itself (``output_type``, and a modular pipeline's ``output`` and
+    ``state``: the pipeline must reach ``vae.decode`` and give back what streamvae reads)."""
+    for name in ("output_type", *(("output", "state") if plan.modular else ("return_dict",))):
+        if name in pipeline_kwargs:
+            raise ValueError(
+                f"{owner}: {name} is streamvae's to choose (the pipeline's latents are decoded into MP4s); "
+                f"leave it out, got {name}={pipeline_kwargs[name]!r}"
+            )
+    if plan.modular:
+        known = {param.name for param in pipe.blocks.inputs if param.name is not None}
+        unknown = sorted(set(pipeline_kwargs) - known)
+        if unknown:
+            raise TypeError(
+                f"{owner}: {plan.name} takes no input {', '.join(map(repr, unknown))}; its inputs are "
+                f"{', '.join(sorted(known))}"
+            )
+    else:
+        try:
+            inspect.signature(pipe).bind(**pipeline_kwargs)
+        except TypeError as error:
+            raise TypeError(f"{owner}: {type(pipe).__name__}() {error}") from None
     callback = pipeline_kwargs.get("callback_on_step_end")
     if callback is not None and not callable(callback):
         raise TypeError(f"{owner}: callback_on_step_end must be callable, got {type(callback).__name__}")
 
 
-def run_to_decode(pipe: Any, pipeline_kwargs: Mapping[str, Any], *, owner: str) -> CapturedDecode:
+# -- the runs --
+
+
+def run_to_decode(
+    pipe: Any,
+    pipeline_kwargs: Mapping[str, Any],
+    *,
+    owner: str,
+    plan: PipelinePlan | None = None,
+    go_on: bool = False,
+) -> CapturedDecode:
     """Worker thread: run ``pipe(**pipeline_kwargs)`` up to its ``vae.decode`` call and return what it
-    passed there, having decoded nothing.
+    passed there, having decoded nothing. With ``go_on`` (a pipeline whose sound comes after its video
+    decode), the pipeline gets a placeholder video and runs to its end; its output is returned too.
 
     Raises :class:`streamvae._decode_worker.DecodeAbandoned` (through ``check_abandoned``) when the caller
-    was cancelled, before the pipeline starts, at the end of a denoising step, or at the decode; the
-    pipeline's own errors as they are; a RuntimeError when the pipeline returned without decoding.
+    was cancelled, before the pipeline starts, before a model's forward, at the end of a denoising step,
+    or at the decode; the pipeline's own errors as they are; a RuntimeError when the pipeline returned
+    without decoding, or called ``vae.decode`` more than once.
     """
+    if plan is None:
+        from streamvae.pipelines._plans import find_plan
+
+        plan = find_plan(pipe, pipeline_kwargs, owner=owner)
+    vae = pipe.vae
+    calls: list[CapturedDecode] = []
+
+    def stand_in(latents: Tensor, extra: Mapping[str, Any], return_dict: bool) -> Any:
+        check_abandoned(owner)  # a cancellation during the last denoising step
+        captured = CapturedDecode(latents, extra)
+        if not go_on:
+            raise _ReachedDecode(captured)
+        if calls:
+            raise RuntimeError(f"{owner}: {plan.name} called vae.decode a second time; it decodes once")
+        calls.append(captured)
+        frames = as_decoder(vae, owner=owner, **extra).output_frames(latents.shape[2])
+        shape = (latents.shape[0], 3, latents.shape[2] if frames is None else frames, 1, 1)
+        placeholder = torch.zeros(shape, dtype=latents.dtype, device=latents.device)
+        return _decode_result(placeholder, return_dict)
+
+    try:
+        output = _call(pipe, plan, pipeline_kwargs, stand_in, owner=owner)
+    except _ReachedDecode as reached:
+        captured = reached.captured
+        # Its traceback holds every local of the denoising loop: let go of it now.
+        reached.__traceback__ = None
+        _free_model_hooks(pipe)  # what the pipeline does after its decode (offloaded models go back)
+        return captured
+    if not calls:
+        raise RuntimeError(
+            f"{owner}: {type(pipe).__name__} returned without calling vae.decode: nothing to decode"
+        )
+    return CapturedDecode(calls[0].latents, calls[0].decode_kwargs, output)
+
+
+def run_clips(
+    pipe: Any, plan: PipelinePlan, pipeline_kwargs: Mapping[str, Any], sink: ClipSink, owner: str
+) -> None:
+    """Worker thread: run a pipeline that decodes clip by clip, streamvae decoding and streaming each clip
+    as the pipeline asks for it and handing the decoded clip back; then check that what was sent is, in
+    number and order, the video the pipeline returned (a RuntimeError if not)."""
+    vae = pipe.vae
+    keeper = _ClipKeeper(plan, pipeline_kwargs, pipe, sink, owner)
+
+    def stand_in(latents: Tensor, extra: Mapping[str, Any], return_dict: bool) -> Any:
+        decoder = as_decoder(vae, owner=owner, **extra)
+        keeper.start_clip(latents.shape[0], decoder.chunk_value_range)
+        pieces: list[Tensor] = []
+
+        def on_chunk(chunk: Tensor) -> None:
+            pieces.append(chunk)
+            keeper.take(chunk)
+
+        run_decode(decoder, latents, on_chunk, owner)
+        keeper.end_clip()
+        return _decode_result(torch.cat(pieces, dim=2), return_dict)
+
+    output = _call(pipe, plan, pipeline_kwargs, stand_in, owner=owner)
+    keeper.finish(_video_output(plan, output))
+
+
+class _ClipKeeper:
+    """Worker thread: which decoded frames of each clip the pipeline keeps, sent as soon as they are final.
+
+    The pipeline returns ``cat(kept clips)[:final_length(kept)]`` (its plan): a clip's first
+    ``drop_front`` frames are never kept, and of the frames kept so far the first
+    ``final_length(kept)`` are in the output whatever follows (a later chunk only adds frames). Those are
+    pushed as their chunk arrives; the rest (Helios's last few frames, which the final trim may cut) wait
+    for the next chunk or for the end. Each frame sent leaves a fingerprint (its per-channel mean in
+    [0, 1]) to check the pipeline's output against.
+    """
+
+    def __init__(
+        self, plan: PipelinePlan, kwargs: Mapping[str, Any], pipe: Any, sink: ClipSink, owner: str
+    ) -> None:
+        assert plan.clips is not None
+        self._clips = plan.clips
+        self._plan, self._kwargs, self._pipe, self._sink, self._owner = plan, kwargs, pipe, sink, owner
+        self._call = 0
+        self._kept = 0  # frames kept so far: sent and held
+        self._sent = 0
+        self._held: list[Tensor] = []  # kept frames not yet final, in order
+        self._fingerprints: list[Tensor] = []  # [B, C] per frame sent or held, float32, on the CPU
+        self._batch: int | None = None
+        self._value_range: ValueRange = (-1.0, 1.0)
+        self._drop = 0  # frames of the current clip still to drop
+        self._final = 0  # frames that are in the output whatever follows
+
+    def start_clip(self, batch: int, value_range: ValueRange) -> None:
+        if self._batch is None:
+            self._batch = batch
+            self._sink.on_batch(batch)
+        self._value_range = value_range
+        self._drop = self._clips.drop_front(self._call, self._kwargs, self._pipe)
+
+    def take(self, chunk: Tensor) -> None:
+        if self._drop:
+            dropped = min(self._drop, chunk.shape[2])
+            self._drop -= dropped
+            chunk = chunk[:, :, dropped:]
+        if chunk.shape[2] == 0:
+            return
+        self._fingerprints.extend(_fingerprints(chunk, self._value_range))
+        self._kept += chunk.shape[2]
+        self._held.append(chunk)
+        # Whatever follows, the output keeps at least this many (a later clip only adds frames).
+        final = self._clips.final_length(self._kept, self._kwargs, self._pipe)
+        self._final = max(self._final, min(final, self._kept))
+        self._release()
+
+    def end_clip(self) -> None:
+        self._call += 1
+
+    def finish(self, video: Tensor) -> None:
+        """Send what the pipeline's output keeps of the held frames; check the output against the frames
+        sent. ``video`` is the pipeline's ``[B, F, C, H, W]`` output in [0, 1]."""
+        returned = video.shape[1]
+        described = f"{self._owner}: {self._plan.name} returned {returned} frames"
+        if self._batch is None:
+            raise RuntimeError(f"{described} without calling vae.decode: nothing was decoded")
+        if not self._sent <= returned <= self._kept:
+            raise RuntimeError(
+                f"{described}, but streamvae had {'sent' if returned < self._sent else 'decoded'} "
+                f"{self._sent if returned < self._sent else self._kept} frames it keeps: its plan does not "
+                "match this pipeline's code, and the video written would not be the pipeline's"
+            )
+        self._final = returned
+        self._release()
+        means = video.float().mean(dim=(3, 4)).cpu()  # [B, F, C]
+        sent = torch.stack(self._fingerprints[:returned], dim=1)  # [B, F, C]
+        far = (means - sent).abs().amax(dim=(0, 2)) > _FINGERPRINT_TOLERANCE
+        if bool(far.any()):
+            first = int(far.nonzero()[0])
+            raise RuntimeError(
+                f"{described}, and its frame {first} is not the frame streamvae sent there: the pipeline "
+                "changed its decoded frames after vae.decode, and the video written is not the pipeline's"
+            )
+
+    def _release(self) -> None:
+        """Push the held frames, in order, up to the final count."""
+        while self._held and self._sent < self._final:
+            chunk = self._held[0]
+            take = min(chunk.shape[2], self._final - self._sent)
+            if take == chunk.shape[2]:
+                self._held.pop(0)
+            else:
+                self._held[0] = chunk[:, :, take:]
+                chunk = chunk[:, :, :take]
+            self._sink.push(chunk)
+            self._sent += take
+
+
+def _fingerprints(chunk: Tensor, value_range: ValueRange) -> list[Tensor]:
+    """Per frame of a BCTHW chunk, its per-channel mean as the pipeline's output holds it (in [0, 1])."""
+    x = chunk.detach().float()
+    if isinstance(value_range, PerChannelRange):
+        mean = torch.tensor(value_range.mean, device=x.device).view(1, -1, 1, 1, 1)
+        std = torch.tensor(value_range.std, device=x.device).view(1, -1, 1, 1, 1)
+        unit = (x * std + mean).clamp(0, 1)
+    else:
+        low, high = value_range
+        unit = ((x - low) / (high - low)).clamp(0, 1)
+    means = unit.mean(dim=(3, 4)).cpu()  # [B, C, T]
+    return list(means.unbind(dim=2))
+
+
+# -- one call of the pipeline --
+
+
+def _call(
+    pipe: Any,
+    plan: PipelinePlan,
+    pipeline_kwargs: Mapping[str, Any],
+    stand_in: Callable[[Tensor, Mapping[str, Any], bool], Any],
+    *,
+    owner: str,
+) -> Any:
+    """Run ``pipe`` once with ``stand_in`` for its ``vae.decode`` (in this thread only), checked for a
+    cancelled caller before each model forward and at each step's end; return its output."""
     vae = pipe.vae
     with _turn(vae, owner):
         check_abandoned(owner)  # a cancellation before the denoising loop starts
         kwargs = dict(pipeline_kwargs)
         kwargs["output_type"] = "pt"  # anything but "latent": the pipeline goes on to vae.decode
-        kwargs["callback_on_step_end"] = _step_end_check(kwargs.get("callback_on_step_end"), owner)
-        user_callback: Any = pipeline_kwargs.get("callback_on_step_end")
-        if "callback_on_step_end_tensor_inputs" not in kwargs and hasattr(user_callback, "tensor_inputs"):
-            # diffusers reads a PipelineCallback's tensor inputs off the object itself, which the wrapper
-            # is not: name them, or the user's callback would get none.
-            kwargs["callback_on_step_end_tensor_inputs"] = list(user_callback.tensor_inputs)
-        captured: CapturedDecode | None = None
-        with _standing_in_for_decode(vae, owner):
-            try:
-                pipe(**kwargs)
-            except _ReachedDecode as reached:
-                captured = reached.captured
-                # Its traceback holds every local of the denoising loop: let go of it now.
-                reached.__traceback__ = None
-        if captured is None:
-            raise RuntimeError(
-                f"{owner}: {type(pipe).__name__} returned without calling vae.decode: nothing to decode"
-            )
-        free_hooks = getattr(pipe, "maybe_free_model_hooks", None)
-        if callable(free_hooks):
-            free_hooks()  # what the pipeline does after its decode (offloaded models go back)
-        return captured
+        if plan.modular:
+            kwargs["output"] = list(plan.outputs)
+        else:
+            parameters = inspect.signature(pipe).parameters
+            if "return_dict" in parameters:
+                kwargs["return_dict"] = True
+            if "callback_on_step_end" in parameters:
+                _wrap_step_callback(kwargs, owner)
+        with _standing_in_for_decode(vae, stand_in), _checked_forwards(pipe, owner):
+            return pipe(**kwargs)
 
 
-def _step_end_check(user_callback: Any, owner: str) -> Callable[..., Any]:
-    """A ``callback_on_step_end`` that ends the pipeline once the caller was cancelled, then runs the
-    user's own callback, if any."""
+def _video_output(plan: PipelinePlan, output: Any) -> Tensor:
+    """The ``[B, F, C, H, W]`` video of a pipeline's output (``output_type="pt"``)."""
+    video = output[plan.outputs[0]] if plan.modular else output.frames
+    return video if isinstance(video, Tensor) else torch.stack(list(video))
+
+
+def _decode_result(sample: Tensor, return_dict: bool) -> Any:
+    """What ``vae.decode`` returns for ``sample``: a ``DecoderOutput``, or ``(sample,)``."""
+    if not return_dict:
+        return (sample,)
+    from diffusers.models.autoencoders.vae import DecoderOutput
+
+    return DecoderOutput(sample=sample)
+
+
+def _free_model_hooks(pipe: Any) -> None:
+    free_hooks = getattr(pipe, "maybe_free_model_hooks", None)
+    if callable(free_hooks):
+        free_hooks()
+
+
+def _wrap_step_callback(kwargs: dict[str, Any], owner: str) -> None:
+    """Make ``kwargs``' ``callback_on_step_end`` end the pipeline once the caller was cancelled, then run
+    the user's own callback, if any."""
+    user_callback: Any = kwargs.get("callback_on_step_end")
 
     def on_step_end(pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> Any:
         check_abandoned(owner)  # ends __call__ here: diffusers does not catch it
@@ -157,26 +404,38 @@ def _step_end_check(user_callback: Any, owner: str) -> Callable[..., Any]:
             return {}
         return user_callback(pipe, step, timestep, callback_kwargs)
 
-    return on_step_end
+    kwargs["callback_on_step_end"] = on_step_end
+    if "callback_on_step_end_tensor_inputs" not in kwargs and hasattr(user_callback, "tensor_inputs"):
+        # diffusers reads a PipelineCallback's tensor inputs off the object itself, which the wrapper
+        # is not: name them, or the user's callback would get none.
+        kwargs["callback_on_step_end_tensor_inputs"] = list(user_callback.tensor_inputs)
 
 
 @contextlib.contextmanager
-def _standing_in_for_decode(vae: Any, owner: str) -> Iterator[None]:
-    """Replace ``vae.decode`` on this instance by a stand-in that raises :class:`_ReachedDecode`; put
-    back what was there (an instance attribute of its own, or nothing) when the block ends."""
+def _standing_in_for_decode(
+    vae: Any, stand_in: Callable[[Tensor, Mapping[str, Any], bool], Any]
+) -> Iterator[None]:
+    """Put a ``decode`` on this VAE instance that calls ``stand_in(latents, other arguments,
+    return_dict)`` in this thread and the VAE's own decode in any other; put back what was there (an
+    instance attribute of its own, or nothing) when the block ends."""
     had_own, own = "decode" in vars(vae), vars(vae).get("decode")
-    signature = inspect.signature(vae.decode)
+    original = own if had_own else types.MethodType(type(vae).decode, vae)
+    signature = inspect.signature(original)
     latents_name = next(iter(signature.parameters))
+    thread = threading.get_ident()
 
     def decode(*args: Any, **kwargs: Any) -> Any:
-        check_abandoned(owner)  # a cancellation during the last denoising step
+        if threading.get_ident() != thread:
+            return original(*args, **kwargs)  # another thread: its ordinary decode
         bound = signature.bind(*args, **kwargs)
         extra = {
             name: value
             for name, value in bound.arguments.items()
             if name not in (latents_name, "return_dict") and value is not signature.parameters[name].default
         }
-        raise _ReachedDecode(CapturedDecode(bound.arguments[latents_name], extra))
+        parameter = signature.parameters.get("return_dict")
+        return_dict = bound.arguments.get("return_dict", True if parameter is None else parameter.default)
+        return stand_in(bound.arguments[latents_name], extra, bool(return_dict))
 
     vae.decode = decode
     try:
@@ -186,6 +445,25 @@ def _standing_in_for_decode(vae: Any, owner: str) -> Iterator[None]:
             vae.decode = own
         else:
             del vae.decode
+
+
+@contextlib.contextmanager
+def _checked_forwards(pipe: Any, owner: str) -> Iterator[None]:
+    """Check for a cancelled caller before every forward of the pipeline's models, in this thread only."""
+    thread = threading.get_ident()
+
+    def before_forward(module: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() == thread:
+            check_abandoned(owner)
+
+    components = getattr(pipe, "components", {})
+    modules = [c for c in components.values() if isinstance(c, torch.nn.Module) and c is not pipe.vae]
+    handles = [module.register_forward_pre_hook(before_forward) for module in modules]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextlib.contextmanager

@@ -1,13 +1,18 @@
 """A diffusers video pipeline in one call: :func:`generate_mp4` and :func:`stream_generation`.
 
-Both check every argument at the call, run the pipeline in a worker thread up to its ``vae.decode``
-(``_capture``), then decode the latents it passed there with :func:`streamvae.decode_to_mp4` or
-:func:`streamvae.stream_mp4`: the same session, the same defaults, and so the same bytes as those give
-for those latents.
+Both check every argument at the call — the pipeline's VAE first, then the pipeline itself against the
+table of pipelines streamvae reproduces exactly (``_plans``), then its arguments and the session options —
+and run the pipeline in a worker thread with streamvae in place of its ``vae.decode`` (``_capture``). A
+pipeline that decodes once is stopped at its decode (or, when it makes sound after it, let go on to its
+audio) and its latents decoded with :func:`streamvae.decode_to_mp4` / :func:`streamvae.stream_mp4`: the
+same session, defaults and bytes as those give for those latents. A pipeline that decodes clip by clip
+streams each clip into one session as the pipeline decodes it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -16,13 +21,25 @@ import anyio
 
 from streamvae._checks import check_fps
 from streamvae._decode import decode_to_mp4, stream_mp4
-from streamvae._decode_worker import run_decode_worker
+from streamvae._decode_worker import call_on_loop, chunk_bridge, run_decode_worker
 from streamvae._options import SessionOptions, check_option_dict, resolve_options
+from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
 from streamvae.models import ChunkedDecoder, as_decoder, supported_classes
-from streamvae.pipelines._capture import CapturedDecode, check_pipeline, check_pipeline_kwargs, run_to_decode
+from streamvae.pipelines._capture import (
+    CapturedDecode,
+    ClipSink,
+    check_pipeline,
+    check_pipeline_kwargs,
+    run_clips,
+    run_to_decode,
+)
+from streamvae.pipelines._plans import PipelinePlan, find_plan
 
 __all__ = ["generate_mp4", "stream_generation"]
+
+#: pieces each streamed entry buffers for its reader (as :func:`streamvae.stream_mp4`'s default)
+_MAX_BUFFERED = 4
 
 
 async def generate_mp4(
@@ -35,30 +52,49 @@ async def generate_mp4(
     """Run diffusers video pipeline ``pipe`` and stream its decode into one MP4 per video.
 
     ``pipeline_kwargs`` are the pipeline's own arguments (``prompt_embeds=…, num_frames=…,
-    generator=…``), as ``pipe(**pipeline_kwargs)`` takes them; ``output_type`` is streamvae's. The frames
-    are exactly those ``pipe(**pipeline_kwargs, output_type="np")`` returns for the same arguments and
-    generator: the pipeline runs its own code up to ``vae.decode`` — the denoising loop, de-normalizing,
-    unpacking, LTX-Video's decode-timestep noise from the call's generator — and streamvae decodes the
-    latents it passes there, chunk by chunk, instead of ``vae.decode``. The decoded video never exists as
-    one tensor. ``session_options`` is a dict of :class:`streamvae.SessionOptions` keywords (codec, audio,
-    output files, …; ``value_range`` defaults to the decoder's): the bytes are those
-    :func:`streamvae.decode_to_mp4` writes for those latents with those options.
+    generator=…``), as ``pipe(**pipeline_kwargs)`` takes them; ``output_type`` (and a modular pipeline's
+    ``output``) is streamvae's. The frames are exactly those ``pipe(**pipeline_kwargs, output_type="np")``
+    returns for the same arguments and generator, after the pipeline's own trimming, and the pipeline's
+    sound is each MP4's audio track:
 
-    Works with any diffusers pipeline whose VAE :func:`streamvae.models.as_decoder` takes: WanPipeline,
-    WanImageToVideoPipeline, HunyuanVideoPipeline, LTXPipeline, LTXImageToVideoPipeline,
-    CogVideoXPipeline, …. Anything else is a TypeError naming it, before the pipeline runs; every other
-    argument is checked at the call too.
+    - the pipeline runs its own code up to ``vae.decode`` — the denoising loop, de-normalizing,
+      unpacking, LTX-Video's decode-timestep noise from the call's generator — and streamvae decodes the
+      latents it passes there, chunk by chunk, instead of ``vae.decode``; the decoded video never exists
+      as one tensor;
+    - a pipeline that decodes clip by clip (HeliosPipeline's chunks, WanAnimatePipeline's segments) has
+      each clip decoded by streamvae as it asks for it, streamed at once and handed back to it (it
+      conditions on it and keeps it, as it did before); the frames a later step may still trim wait for
+      it, and at the end the frames written are checked, in number and order, against the video the
+      pipeline returned: a difference is a RuntimeError, never a different video;
+    - sound (LTX2Pipeline's vocoder output, MiniMax-H3's stereo soundtrack at its sampling rate) is
+      muxed as ``audio_waveforms`` is. An ``audio_waveforms`` of your own in ``session_options`` replaces
+      it (and the pipeline's audio decode is skipped).
+
+    ``session_options`` is a dict of :class:`streamvae.SessionOptions` keywords (codec, audio, output
+    files, …; ``value_range`` defaults to the decoder's): for a pipeline that decodes once the bytes are
+    those :func:`streamvae.decode_to_mp4` writes for its latents with those options.
+
+    Works with the pipelines streamvae has checked frame for frame (docs/pipelines.md): Wan, Helios,
+    Wan-Animate, SkyReels-V2, HunyuanVideo (1.5 too), LTX-Video, LTX-2, CogVideoX, Kandinsky 5, SANA-Video,
+    Mochi, Allegro, and MiniMax-H3's modular pipeline. Anything else is a TypeError naming why, before the
+    pipeline runs — the VAE first (one :func:`streamvae.models.as_decoder` does not take), then the
+    pipeline; every other argument is checked at the call too.
 
     Threads: the pipeline runs in a worker thread, never on the event loop, and calls on one VAE take
-    turns. Cancellation stops the denoising loop at the end of its current step (or before it starts),
-    and the decode as :func:`streamvae.decode_to_mp4` does; the thread is never abandoned.
+    turns; what stands in for ``vae.decode`` acts in that thread only (another thread's ``vae.decode``
+    is its own). Cancellation stops the denoising loop before its next model forward or at the end of its
+    current step (or before it starts), and the decode as :func:`streamvae.decode_to_mp4` does; the thread
+    is never abandoned.
     """
     owner = "generate_mp4"
-    options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="mp4")
-    captured = await _run_pipeline(pipe, pipeline_kwargs, owner)
-    decoder = _decoder(pipe, captured, owner)
-    options.check_batch(captured.latents.shape[0], owner=owner)
-    return await decode_to_mp4(decoder, captured.latents, options=options)
+    plan, options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="mp4")
+    if plan.clips is not None:
+        async with ChunkedVideoMP4Session(options=options) as session:
+            sink = ClipSink(chunk_bridge(session, owner), functools.partial(session.check_batch, owner=owner))
+            await _run_clips(pipe, plan, pipeline_kwargs, sink, owner)
+            return await session.finish()
+    captured, options = await _run_once(pipe, plan, pipeline_kwargs, options, owner)
+    return await decode_to_mp4(_decoder(pipe, captured, owner), captured.latents, options=options)
 
 
 def stream_generation(
@@ -70,32 +106,86 @@ def stream_generation(
 ) -> AbstractAsyncContextManager[list[MP4ByteStream]]:
     """Run ``pipe`` as :func:`generate_mp4` does and give one byte stream per video while it decodes.
 
-    ``async with stream_generation(pipe, fps=16, **kwargs) as streams:`` — entering the block runs the
-    pipeline up to its decode (the denoising); inside it, each :class:`streamvae.MP4ByteStream` delivers
-    its video's bytes as they are written, fragmented MP4 by default, exactly as
-    :func:`streamvae.stream_mp4` does for the latents the pipeline passed to ``vae.decode`` (read the
-    entries at once: see there). Leaving the block early cancels the decode; a cancellation while the
-    block is being entered stops the denoising loop at its next step. Every argument is checked at the
-    call, before the block is entered.
+    ``async with stream_generation(pipe, fps=16, **kwargs) as streams:`` — each
+    :class:`streamvae.MP4ByteStream` delivers its video's bytes as they are written, fragmented MP4 by
+    default (read the entries at once: see :func:`streamvae.stream_mp4`). For a pipeline that decodes
+    once, entering the block runs the pipeline up to its decode (the denoising), and the bytes are
+    exactly those :func:`streamvae.stream_mp4` streams for its latents. For one that decodes clip by clip
+    (Helios, Wan-Animate), the block is entered at its first decode, and each clip's bytes leave while
+    the pipeline generates the next: the first bytes come before its last denoising step. Leaving the
+    block early cancels the pipeline and the decode; a cancellation while the block is being entered stops
+    the denoising loop at its next step. Every argument is checked at the call, before the block is
+    entered.
     """
     owner = "stream_generation"
-    options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="fragmented")
-    return _streamed(pipe, pipeline_kwargs, options, owner)
+    plan, options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="fragmented")
+    if plan.clips is not None:
+        return _streamed_clips(pipe, plan, pipeline_kwargs, options, owner)
+    return _streamed_once(pipe, plan, pipeline_kwargs, options, owner)
 
 
 @asynccontextmanager
-async def _streamed(
+async def _streamed_once(
     pipe: Any,
+    plan: PipelinePlan,
     pipeline_kwargs: Mapping[str, Any],
     options: SessionOptions,
     owner: str,
 ) -> AsyncIterator[list[MP4ByteStream]]:
-    """The block of :func:`stream_generation`, over the arguments it checked."""
-    captured = await _run_pipeline(pipe, pipeline_kwargs, owner)
-    decoder = _decoder(pipe, captured, owner)
-    options.check_batch(captured.latents.shape[0], owner=owner)
-    async with stream_mp4(decoder, captured.latents, options=options) as streams:
+    """The block of :func:`stream_generation` for a pipeline that decodes once."""
+    captured, options = await _run_once(pipe, plan, pipeline_kwargs, options, owner)
+    async with stream_mp4(_decoder(pipe, captured, owner), captured.latents, options=options) as streams:
         yield streams
+
+
+@asynccontextmanager
+async def _streamed_clips(
+    pipe: Any,
+    plan: PipelinePlan,
+    pipeline_kwargs: Mapping[str, Any],
+    options: SessionOptions,
+    owner: str,
+) -> AsyncIterator[list[MP4ByteStream]]:
+    """The block of :func:`stream_generation` for a pipeline that decodes clip by clip: the pipeline is
+    the session's producer, and the block is entered once its first decode opened the streams."""
+    session = ChunkedVideoMP4Session(options=options)
+    streams: list[MP4ByteStream] = []
+    opened = anyio.Event()
+    failed: list[BaseException] = []
+    scope = anyio.CancelScope()
+
+    async def open_streams(batch: int) -> None:
+        session.check_batch(batch, owner=owner)
+        streams.extend(session.open_stream(entry, max_buffered=_MAX_BUFFERED) for entry in range(batch))
+        opened.set()
+
+    def on_batch(batch: int) -> None:
+        call_on_loop(open_streams, batch, owner=owner)
+
+    async def produce() -> None:
+        try:
+            with scope:
+                sink = ClipSink(chunk_bridge(session, owner), on_batch)
+                await _run_clips(pipe, plan, pipeline_kwargs, sink, owner)
+                await session.finish()
+        except BaseException as error:
+            failed.append(error)
+            raise
+        finally:
+            opened.set()
+
+    async with session:
+        session.start_producer(produce)
+        try:
+            await opened.wait()
+            if not streams:
+                # The pipeline ended before its first decode: its error is the block's.
+                raise failed[0] if failed else RuntimeError(f"{owner}: the pipeline ended without decoding")
+            yield streams
+        finally:
+            scope.cancel()  # a no-op once the pipeline is done; stops it if the caller left early
+            for stream in streams:
+                await stream.aclose()
 
 
 def _check(
@@ -106,9 +196,9 @@ def _check(
     *,
     owner: str,
     output: str,
-) -> SessionOptions:
-    """Check every argument of a call, before the pipeline runs: the pipeline and its VAE, its keywords,
-    the fps and the session options (``value_range`` defaults to the VAE's decoder's)."""
+) -> tuple[PipelinePlan, SessionOptions]:
+    """Check every argument of a call, before the pipeline runs: the pipeline's VAE, the pipeline, its
+    keywords, the fps and the session options (``value_range`` defaults to the VAE's decoder's)."""
     vae = check_pipeline(pipe, owner=owner)
     try:
         probe = as_decoder(vae, owner=owner)
@@ -117,7 +207,8 @@ def _check(
             f"{owner}: {type(pipe).__name__}'s VAE ({type(vae).__module__}.{type(vae).__qualname__}) is not "
             f"one streamvae decodes; pipelines whose VAE is one of {', '.join(supported_classes())} work"
         ) from None
-    check_pipeline_kwargs(pipe, pipeline_kwargs, owner=owner)
+    plan = find_plan(pipe, pipeline_kwargs, owner=owner)
+    check_pipeline_kwargs(pipe, plan, pipeline_kwargs, owner=owner)
     checked_fps = check_fps(fps, owner=owner)
     keywords = check_option_dict(session_options, owner=owner, reserved=("fps",))
     options = resolve_options(
@@ -127,18 +218,47 @@ def _check(
         value_range=probe.chunk_value_range,
         output=output,
     )
-    return options
+    if plan.clips is not None and options.audio_waveforms is None and plan.sound is not None:
+        raise TypeError(f"{owner}: {plan.name} decodes clip by clip and makes sound: streamvae cannot mux it")
+    return plan, options
 
 
-async def _run_pipeline(pipe: Any, pipeline_kwargs: Mapping[str, Any], owner: str) -> CapturedDecode:
-    """Run the pipeline up to its decode in a worker thread of its own (never abandoned)."""
+async def _run_once(
+    pipe: Any,
+    plan: PipelinePlan,
+    pipeline_kwargs: Mapping[str, Any],
+    options: SessionOptions,
+    owner: str,
+) -> tuple[CapturedDecode, SessionOptions]:
+    """Run a pipeline that decodes once up to its decode in a worker thread of its own (never abandoned)
+    — to its end when its sound is wanted — and return what it passed there, with the options that carry
+    its sound. The batch is checked against the options."""
+    go_on = plan.sound is not None and (plan.modular or options.audio_waveforms is None)
     result: list[CapturedDecode] = []
 
     def work() -> None:
-        result.append(run_to_decode(pipe, pipeline_kwargs, owner=owner))
+        result.append(run_to_decode(pipe, pipeline_kwargs, owner=owner, plan=plan, go_on=go_on))
 
-    await run_decode_worker(work, limiter=anyio.CapacityLimiter(1))
-    return result[0]
+    await run_decode_worker(work, limiter=_own_limiter())
+    captured = result[0]
+    if plan.sound is not None and options.audio_waveforms is None:
+        waveforms, sample_rate = plan.sound.read(captured.output, pipe)
+        tracks = tuple(waveform.detach().float().cpu().numpy() for waveform in waveforms)
+        options = dataclasses.replace(options, audio_waveforms=tracks, audio_sample_rate=sample_rate)
+    options.check_batch(captured.latents.shape[0], owner=owner)
+    return captured, options
+
+
+async def _run_clips(
+    pipe: Any, plan: PipelinePlan, pipeline_kwargs: Mapping[str, Any], sink: ClipSink, owner: str
+) -> None:
+    """Run a pipeline that decodes clip by clip in a worker thread of its own (never abandoned)."""
+    await run_decode_worker(run_clips, pipe, plan, pipeline_kwargs, sink, owner, limiter=_own_limiter())
+
+
+def _own_limiter() -> anyio.CapacityLimiter:
+    """One worker thread for one call's pipeline (never anyio's default limiter)."""
+    return anyio.CapacityLimiter(1)
 
 
 def _decoder(pipe: Any, captured: CapturedDecode, owner: str) -> ChunkedDecoder:

@@ -1,0 +1,337 @@
+"""generate_mp4 / stream_generation on the newer diffusers pipelines, each a tiny seeded real pipeline: every
+frame and the sound of ``pipe()``, clip-by-clip pipelines streamed as they generate, modular pipelines,
+pipelines without ``callback_on_step_end``, a stand-in no other thread sees, and a door that refuses
+instead of truncating."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+import torch
+
+from streamvae import read_entries
+from streamvae.pipelines import generate_mp4, stream_generation
+from streamvae.pipelines._capture import ClipSink, _ClipKeeper
+from streamvae.pipelines._plans import find_plan, plans
+from tests._media import bt709_luma, read_luma, read_mp4
+from tests._pipelines_clips import BUILDERS as CLIP_BUILDERS
+from tests._pipelines_more import BUILDERS as MORE_BUILDERS
+
+pytestmark = pytest.mark.anyio
+
+LOSSLESS = {"video_codec_options": {"threads": "1", "crf": "0"}}  # lossless luma, deterministic
+NEW = {**CLIP_BUILDERS, **MORE_BUILDERS}
+#: builders of pipelines streamvae refuses (their own tests say why)
+REFUSED = {"framepack"}
+HANG_GUARD = 300  # seconds: a generous bound on a tiny pipeline's call, so a hang fails instead of waiting
+
+
+def reference(pipe: Any, kwargs: dict[str, Any]) -> tuple[np.ndarray, Any]:
+    """``pipe(**kwargs, output_type="np")``'s frames ``[B, F, H, W, 3]`` and its output (for its sound)."""
+    plan = find_plan(pipe, kwargs, owner="test")
+    if plan.modular:
+        output = pipe(**kwargs, output_type="np", output=list(plan.outputs))
+        return np.asarray(output[plan.outputs[0]]), output
+    output = pipe(**kwargs, output_type="np")
+    return np.asarray(output.frames), output
+
+
+def assert_frames(video: bytes, frames: np.ndarray) -> None:
+    """The MP4's luma is that of the reference frames (``[F, H, W, 3]`` in [0, 1]) within a level."""
+    luma = read_luma(video).astype(int)
+    expected = bt709_luma(np.round(frames * 255).astype(np.uint8)).astype(int)
+    assert luma.shape == expected.shape
+    assert abs(luma - expected).max() <= 1
+
+
+@pytest.mark.parametrize("name", sorted(set(NEW) - REFUSED))
+async def test_every_frame_and_the_sound_of_the_pipeline_in_one_call(name: str) -> None:
+    pipe, make_kwargs = NEW[name]()
+    frames, output = reference(pipe, make_kwargs())
+    with anyio.fail_after(HANG_GUARD):
+        videos = await generate_mp4(pipe, fps=8, session_options=LOSSLESS, **make_kwargs())
+    assert len(videos) == frames.shape[0]
+    plan = find_plan(pipe, make_kwargs(), owner="test")
+    for entry, (video, expected) in enumerate(zip(videos, frames, strict=True)):
+        assert_frames(video, expected)
+        decoded = read_mp4(video)
+        if plan.sound is None:
+            assert decoded.audio_channels is None
+            continue
+        waveforms, rate = plan.sound.read(output, pipe)
+        waveform = waveforms[entry]
+        assert decoded.audio_channels == (waveform.shape[0] if waveform.ndim == 2 else 1)
+        assert decoded.audio_duration is not None
+        assert abs(decoded.audio_duration - waveform.shape[-1] / rate) < 0.05  # an AAC frame or two
+
+
+#: builders of pipelines that decode clip by clip (checked against their plans below)
+CLIPS = ["helios", "helios_pyramid", "wan_animate"]
+
+
+def test_the_clip_builders_are_those_whose_pipeline_decodes_clip_by_clip() -> None:
+    for name in sorted(set(NEW) - REFUSED):
+        pipe, make_kwargs = NEW[name]()
+        assert (find_plan(pipe, make_kwargs(), owner="test").clips is not None) == (name in CLIPS), name
+
+
+class FirstBytesBeforeTheLastStep:
+    """A ``callback_on_step_end`` that, at the first step of a later clip, waits until the reader has had
+    bytes: a pipeline whose bytes only left at its end would never get past it (the wait has a bound)."""
+
+    def __init__(self, steps_per_clip: int) -> None:
+        self.steps_per_clip = steps_per_clip
+        self.calls = 0
+        self.first_bytes = threading.Event()
+        self.waited_at: int | None = None
+
+    def __call__(
+        self, pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == self.steps_per_clip + 1:  # the first step of the second clip
+            assert self.first_bytes.wait(timeout=HANG_GUARD), "no bytes before the second clip's steps"
+            self.waited_at = self.calls
+        return {}
+
+
+@pytest.mark.parametrize("name", CLIPS)
+async def test_stream_generation_sends_a_clip_while_the_pipeline_generates_the_next(name: str) -> None:
+    pipe, make_kwargs = NEW[name]()
+    frames, _ = reference(pipe, make_kwargs())
+    steps_per_clip = _steps_per_clip(pipe, make_kwargs())
+    gate = FirstBytesBeforeTheLastStep(steps_per_clip)
+    parts: list[bytes] = []
+    with anyio.fail_after(HANG_GUARD):
+        kwargs = {**make_kwargs(), "callback_on_step_end": gate}
+        async with stream_generation(pipe, fps=8, session_options=LOSSLESS, **kwargs) as streams:
+            assert len(streams) == 1
+            async for _, data in read_entries(streams):
+                parts.append(data)
+                gate.first_bytes.set()
+    assert gate.waited_at is not None  # a later clip's steps ran after the first bytes left
+    assert gate.calls > steps_per_clip  # and the user's callback ran at every step
+    assert_frames(b"".join(parts), frames[0])
+
+
+def _steps_per_clip(pipe: Any, kwargs: dict[str, Any]) -> int:
+    """How many times ``callback_on_step_end`` runs before the pipeline's first ``vae.decode``."""
+    steps: list[int] = []
+    at_decode: list[int] = []
+    original = pipe.vae.decode
+
+    def count(pipe_: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        steps.append(step)
+        return {}
+
+    def decode(*args: Any, **kw: Any) -> Any:
+        at_decode.append(len(steps))
+        return original(*args, **kw)
+
+    pipe.vae.decode = decode
+    try:
+        pipe(**{**kwargs, "callback_on_step_end": count}, output_type="np")
+    finally:
+        del pipe.vae.decode
+    assert len(at_decode) >= 2 and at_decode[0] < len(steps)
+    return at_decode[0]
+
+
+# -- what is held back, and the check at the end --
+
+
+class FakeHelios:
+    vae_scale_factor_temporal = 4
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.frames: list[torch.Tensor] = []
+        self.batches: list[int] = []
+
+    def sink(self) -> ClipSink:
+        return ClipSink(self.frames.append, self.batches.append)
+
+    @property
+    def count(self) -> int:
+        return sum(chunk.shape[2] for chunk in self.frames)
+
+
+def clip(frames: int, seed: int) -> torch.Tensor:
+    return torch.rand(1, 3, frames, 4, 4, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+
+
+def as_output(chunks: list[torch.Tensor]) -> torch.Tensor:
+    """The ``[B, F, C, H, W]`` output ``output_type="pt"`` gives for these decoded chunks."""
+    return (torch.cat(chunks, dim=2) / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
+
+
+def test_a_clip_is_sent_as_decoded_and_only_what_the_final_trim_may_cut_waits() -> None:
+    sent = Sent()
+    keeper = _ClipKeeper(plans()["HeliosPipeline"], {}, FakeHelios(), sent.sink(), "test")
+    first, second = clip(33, 1), clip(33, 2)
+    keeper.start_clip(1, (-1.0, 1.0))
+    for piece in first.split(8, dim=2):
+        keeper.take(piece)
+    keeper.end_clip()
+    assert sent.batches == [1] and sent.count == 33  # nothing of the first clip waits
+    keeper.start_clip(1, (-1.0, 1.0))
+    keeper.take(second)
+    keeper.end_clip()
+    assert sent.count == 65  # 66 decoded; (66 - 1) // 4 * 4 + 1 = 65 are final
+    keeper.finish(as_output([first, second])[:, :65])
+    assert sent.count == 65
+    assert torch.equal(torch.cat(sent.frames, dim=2), torch.cat([first, second], dim=2)[:, :, :65])
+
+
+def test_a_pipeline_that_kept_other_frames_than_those_sent_is_an_error_not_a_video() -> None:
+    sent = Sent()
+    keeper = _ClipKeeper(plans()["HeliosPipeline"], {}, FakeHelios(), sent.sink(), "test")
+    first = clip(33, 1)
+    keeper.start_clip(1, (-1.0, 1.0))
+    keeper.take(first)
+    keeper.end_clip()
+    changed = first.clone()
+    changed[:, :, 20] = -changed[:, :, 20]
+    with pytest.raises(RuntimeError, match="frame 20 is not the frame streamvae sent"):
+        keeper.finish(as_output([changed]))
+    with pytest.raises(RuntimeError, match="returned 30 frames, but streamvae had sent 33"):
+        keeper.finish(as_output([first])[:, :30])
+
+
+def test_wan_animate_drops_the_conditioning_frames_of_later_segments_and_cuts_to_the_pose_video() -> None:
+    sent = Sent()
+    kwargs = {"pose_video": [None] * 20, "prev_segment_conditioning_frames": 5}
+    plan = plans()["WanAnimatePipeline"]
+
+    class FakeAnimate:
+        def __call__(self, prev_segment_conditioning_frames: int = 1) -> None: ...
+
+    keeper = _ClipKeeper(plan, kwargs, FakeAnimate(), sent.sink(), "test")
+    segments = [clip(13, 1), clip(13, 2)]
+    for segment in segments:
+        keeper.start_clip(1, (-1.0, 1.0))
+        keeper.take(segment)
+        keeper.end_clip()
+    kept = torch.cat([segments[0], segments[1][:, :, 5:]], dim=2)[:, :, :20]
+    assert sent.count == 20
+    keeper.finish(as_output([kept]))
+    assert torch.equal(torch.cat(sent.frames, dim=2), kept)
+
+
+# -- sound --
+
+
+async def test_your_own_audio_replaces_the_pipelines_sound() -> None:
+    pipe, make_kwargs = NEW["ltx2"]()
+    own = np.zeros((1, 8000), dtype=np.float32)
+    options = {**LOSSLESS, "audio_waveforms": [own], "audio_sample_rate": 16000}
+    with anyio.fail_after(HANG_GUARD):
+        (video,) = await generate_mp4(pipe, fps=8, session_options=options, **make_kwargs())
+    decoded = read_mp4(video)
+    assert decoded.audio_channels == 1 and decoded.audio_duration is not None
+    assert abs(decoded.audio_duration - 0.5) < 0.05
+
+
+# -- no reach beyond the call --
+
+
+async def test_another_thread_decoding_with_the_same_vae_meanwhile_gets_its_ordinary_decode() -> None:
+    pipe, make_kwargs = NEW["helios"]()
+    z = torch.randn(1, 16, 3, 2, 2, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = pipe.vae.decode(z).sample
+    seen: list[Any] = []
+
+    def other_thread() -> None:
+        with torch.no_grad():
+            seen.append(pipe.vae.decode(z).sample)
+
+    def at_step(pipe_: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
+        if step == 0 and not seen:
+            worker = threading.Thread(target=other_thread)
+            worker.start()
+            worker.join(timeout=HANG_GUARD)
+        return {}
+
+    with anyio.fail_after(HANG_GUARD):
+        (video,) = await generate_mp4(pipe, fps=8, callback_on_step_end=at_step, **make_kwargs())
+    assert len(seen) == 1 and torch.equal(seen[0], expected)
+    assert "decode" not in vars(pipe.vae)
+    assert read_mp4(video).frames.shape[0] == reference(pipe, make_kwargs())[0].shape[1]
+
+
+# -- cancellation without callback_on_step_end --
+
+
+async def test_a_pipeline_without_a_step_callback_is_stopped_at_its_next_model_forward() -> None:
+    pipe, make_kwargs = NEW["hunyuan_video15"]()
+    assert "callback_on_step_end" not in __import__("inspect").signature(pipe).parameters
+    forwards: list[int] = []
+    first = anyio.Event()
+
+    def on_forward(module: Any, args: Any) -> None:
+        forwards.append(1)
+        if len(forwards) == 1:
+            anyio.from_thread.run_sync(first.set)
+
+    hook = pipe.transformer.register_forward_pre_hook(on_forward)
+    scope = anyio.CancelScope()
+    try:
+        with anyio.fail_after(HANG_GUARD):
+            async with anyio.create_task_group() as tg:
+
+                async def generate() -> None:
+                    with scope:
+                        await generate_mp4(pipe, fps=8, **{**make_kwargs(), "num_inference_steps": 30})
+
+                tg.start_soon(generate)
+                await first.wait()
+                scope.cancel()
+    finally:
+        hook.remove()
+    assert scope.cancelled_caught
+    assert len(forwards) <= 3  # not the 30 steps' forwards: stopped before the next one
+    assert "decode" not in vars(pipe.vae)
+
+
+# -- the door --
+
+
+async def test_a_pipeline_streamvae_has_not_checked_is_refused_before_any_step() -> None:
+    pipe, make_kwargs = NEW["helios"]()
+
+    class Overridden(type(pipe)):  # type: ignore[misc]
+        def __call__(self, **kwargs: Any) -> Any:
+            raise AssertionError("must not run")
+
+    overridden = object.__new__(Overridden)
+    overridden.__dict__.update(pipe.__dict__)
+    with pytest.raises(TypeError, match="overrides HeliosPipeline.__call__"):
+        await generate_mp4(overridden, fps=8, **make_kwargs())
+
+
+async def test_framepack_is_refused_naming_why() -> None:
+    if "framepack" not in NEW:
+        pytest.skip("no tiny Framepack builder")
+    pipe, make_kwargs = NEW["framepack"]()
+    with pytest.raises(TypeError, match="blends each decoded section"):
+        await generate_mp4(pipe, fps=8, **make_kwargs())
+
+
+async def test_a_modular_pipeline_takes_only_its_inputs_and_leaves_output_to_streamvae() -> None:
+    pipe, make_kwargs = NEW["minimax_h3_modular"]()
+    with pytest.raises(TypeError, match="takes no input 'nonsense'"):
+        await generate_mp4(pipe, fps=8, nonsense=1, **make_kwargs())
+    with pytest.raises(ValueError, match="output is streamvae's to choose"):
+        await generate_mp4(pipe, fps=8, output="videos", **make_kwargs())
+    with pytest.raises(ValueError, match="output_type is streamvae's to choose"):
+        await generate_mp4(pipe, fps=8, output_type="np", **make_kwargs())
+
+
+Builder = Callable[[], tuple[Any, Callable[..., dict[str, Any]]]]
