@@ -58,12 +58,13 @@ from torch import Tensor
 
 from streamvae._decode_worker import check_abandoned, run_decode
 from streamvae._quantize import PerChannelRange, ValueRange
-from streamvae.models import as_decoder
+from streamvae.models import ChunkedDecoder, as_decoder
 from streamvae.pipelines._plans import PipelinePlan
 
 __all__ = [
     "CapturedDecode",
     "ClipSink",
+    "FirstFrames",
     "check_pipeline",
     "check_pipeline_kwargs",
     "run_clips",
@@ -99,6 +100,45 @@ class ClipSink:
 
     push: Callable[[Tensor], None]
     on_batch: Callable[[int], None]
+
+
+class FirstFrames:
+    """A :class:`streamvae.SupportsChunkedVAEDecode` that publishes the first ``frames`` frames of
+    ``decoder``'s decode and stops it there: a pipeline that cuts its decoded video (Allegro's
+    ``video[:, :, :num_frames]``). A decode that gives fewer is a RuntimeError, not a shorter video."""
+
+    def __init__(self, decoder: ChunkedDecoder, frames: int, *, owner: str) -> None:
+        self.decoder, self.frames, self.owner = decoder, frames, owner
+        self.chunk_value_range = decoder.chunk_value_range
+        self.latent_channels = decoder.latent_channels
+
+    def prepare_latents(self, z: Tensor) -> Tensor:
+        return self.decoder.prepare_latents(z)
+
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        left = self.frames
+
+        def first(chunk: Tensor) -> None:
+            nonlocal left
+            if left == 0:
+                raise _Enough  # ends the decode at its next step: nothing after this is kept
+            take = min(left, chunk.shape[2])
+            left -= take
+            on_chunk(chunk if take == chunk.shape[2] else chunk[:, :, :take])
+
+        try:
+            self.decoder.decode_with_chunks(z, on_chunk=first)
+        except _Enough:
+            return
+        if left:
+            raise RuntimeError(
+                f"{self.owner}: the pipeline keeps {self.frames} frames of its decode, which gave "
+                f"{self.frames - left}"
+            )
+
+
+class _Enough(Exception):
+    """Raised by :class:`FirstFrames`' ``on_chunk`` once every frame the pipeline keeps was published."""
 
 
 class _ReachedDecode(Exception):

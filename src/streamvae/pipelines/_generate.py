@@ -25,10 +25,11 @@ from streamvae._decode_worker import call_on_loop, chunk_bridge, run_decode_work
 from streamvae._options import SessionOptions, check_option_dict, resolve_options
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
-from streamvae.models import ChunkedDecoder, as_decoder, supported_classes
+from streamvae.models import ChunkedDecoder, ProtocolDecoder, as_decoder, supported_classes
 from streamvae.pipelines._capture import (
     CapturedDecode,
     ClipSink,
+    FirstFrames,
     check_pipeline,
     check_pipeline_kwargs,
     run_clips,
@@ -94,7 +95,8 @@ async def generate_mp4(
             await _run_clips(pipe, plan, pipeline_kwargs, sink, owner)
             return await session.finish()
     captured, options = await _run_once(pipe, plan, pipeline_kwargs, options, owner)
-    return await decode_to_mp4(_decoder(pipe, captured, owner), captured.latents, options=options)
+    decoder = _decoder(pipe, plan, pipeline_kwargs, captured, owner)
+    return await decode_to_mp4(decoder, captured.latents, options=options)
 
 
 def stream_generation(
@@ -134,7 +136,8 @@ async def _streamed_once(
 ) -> AsyncIterator[list[MP4ByteStream]]:
     """The block of :func:`stream_generation` for a pipeline that decodes once."""
     captured, options = await _run_once(pipe, plan, pipeline_kwargs, options, owner)
-    async with stream_mp4(_decoder(pipe, captured, owner), captured.latents, options=options) as streams:
+    decoder = _decoder(pipe, plan, pipeline_kwargs, captured, owner)
+    async with stream_mp4(decoder, captured.latents, options=options) as streams:
         yield streams
 
 
@@ -261,6 +264,12 @@ def _own_limiter() -> anyio.CapacityLimiter:
     return anyio.CapacityLimiter(1)
 
 
-def _decoder(pipe: Any, captured: CapturedDecode, owner: str) -> ChunkedDecoder:
-    """The decoder of the pipeline's VAE, with the decode's other arguments (LTX-Video's ``temb``)."""
-    return as_decoder(pipe.vae, owner=owner, **captured.decode_kwargs)
+def _decoder(
+    pipe: Any, plan: PipelinePlan, pipeline_kwargs: Mapping[str, Any], captured: CapturedDecode, owner: str
+) -> ChunkedDecoder:
+    """The decoder of the pipeline's VAE, with the decode's other arguments (LTX-Video's ``temb``), cut
+    to the frames the pipeline keeps of its decode."""
+    decoder = as_decoder(pipe.vae, owner=owner, **captured.decode_kwargs)
+    if plan.keep_frames is None:
+        return decoder
+    return ProtocolDecoder(FirstFrames(decoder, plan.keep_frames(pipeline_kwargs, pipe), owner=owner))

@@ -73,6 +73,9 @@ class PipelinePlan:
     sound: Sound | None = None
     #: a modular pipeline: the names of its video output and of what :attr:`sound` reads
     outputs: tuple[str, ...] = ()
+    #: ``(kwargs, pipe) -> n``: a pipeline that decodes once and keeps only the first ``n`` frames of its
+    #: decode (AllegroPipeline's ``video[:, :, :num_frames]``); None: it keeps them all
+    keep_frames: Callable[[Mapping[str, Any], Any], int] | None = None
 
     @property
     def modular(self) -> bool:
@@ -109,6 +112,11 @@ def _wan_animate_length(kept: int, kwargs: Mapping[str, Any], pipe: Any) -> int:
     return min(kept, len(kwargs["pose_video"]))
 
 
+def _allegro_frames(kwargs: Mapping[str, Any], pipe: Any) -> int:
+    """AllegroPipeline: the decoded video is cut to ``num_frames``."""
+    return int(_argument(pipe, kwargs, "num_frames"))
+
+
 def _ltx2_sound(output: Any, pipe: Any) -> tuple[list[Tensor], int]:
     """LTX2Pipeline: ``output.audio`` ``[batch, channels, samples]`` at the vocoder's output rate."""
     audio = output.audio
@@ -138,7 +146,6 @@ _ONCE = (
     "Kandinsky5T2VPipeline",
     "SanaVideoPipeline",
     "MochiPipeline",
-    "AllegroPipeline",
 )
 
 _PLANS: dict[str, PipelinePlan] = {
@@ -148,6 +155,7 @@ _PLANS: dict[str, PipelinePlan] = {
     "WanAnimatePipeline": PipelinePlan(
         "WanAnimatePipeline", clips=Clips(drop_front=_wan_animate_drop, final_length=_wan_animate_length)
     ),
+    "AllegroPipeline": PipelinePlan("AllegroPipeline", keep_frames=_allegro_frames),
     "LTX2Pipeline": PipelinePlan("LTX2Pipeline", sound=Sound(_ltx2_sound)),
     "MiniMaxH3Blocks": PipelinePlan(
         "MiniMaxH3Blocks", sound=Sound(_minimax_h3_sound), outputs=("videos", "audio", "sampling_rate")
