@@ -154,6 +154,26 @@ def _steps_per_clip(pipe: Any, kwargs: dict[str, Any]) -> int:
     return at_decode[0]
 
 
+@pytest.mark.parametrize("name", ["ltx2", "minimax_h3_modular", "allegro"])
+async def test_stream_generation_of_a_pipeline_that_decodes_once_streams_its_frames_and_sound(
+    name: str,
+) -> None:
+    pipe, make_kwargs = NEW[name]()
+    frames, output = reference(pipe, make_kwargs())
+    parts: list[bytes] = []
+    with anyio.fail_after(HANG_GUARD):
+        async with stream_generation(pipe, fps=8, session_options=LOSSLESS, **make_kwargs()) as streams:
+            async for _, data in read_entries(streams):
+                parts.append(data)
+    video = b"".join(parts)
+    assert len(parts) > 1  # fragmented: bytes left in pieces
+    assert_frames(video, frames[0])
+    plan = find_plan(pipe, make_kwargs(), owner="test")
+    if plan.sound is not None:
+        waveforms, _ = plan.sound.read(output, pipe)
+        assert_sound(video, torch.as_tensor(waveforms[0]).float().numpy())
+
+
 # -- what is held back, and the check at the end --
 
 
