@@ -19,7 +19,7 @@ import torch
 from streamvae import read_entries
 from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.pipelines._capture import ClipSink, _ClipKeeper
-from streamvae.pipelines._plans import find_plan, plans
+from streamvae.pipelines._plans import Clips, PipelinePlan, find_plan, plans
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests._pipelines_clips import BUILDERS as CLIP_BUILDERS
 from tests._pipelines_more import BUILDERS as MORE_BUILDERS
@@ -254,6 +254,22 @@ def test_wan_animate_drops_the_conditioning_frames_of_later_segments_and_cuts_to
     assert sent.count == 20
     keeper.finish(as_output([kept]))
     assert torch.equal(torch.cat(sent.frames, dim=2), kept)
+
+
+async def test_a_plan_that_does_not_match_the_pipeline_fails_the_call_and_its_readers_loudly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pipe, make_kwargs = NEW["helios"]()
+    keeps_all = Clips(drop_front=lambda *_: 0, final_length=lambda kept, *_: kept)  # wrong: Helios trims
+    monkeypatch.setitem(plans(), "HeliosPipeline", PipelinePlan("HeliosPipeline", clips=keeps_all))
+    with anyio.fail_after(HANG_GUARD), pytest.raises(RuntimeError, match="returned 65 frames, but streamvae"):
+        await generate_mp4(pipe, fps=8, **make_kwargs())
+    received: list[bytes] = []
+    with anyio.fail_after(HANG_GUARD), pytest.raises(RuntimeError, match="returned 65 frames"):
+        async with stream_generation(pipe, fps=8, **make_kwargs()) as streams:
+            async for _, data in read_entries(streams):
+                received.append(data)
+    assert received  # the first clip left as it was decoded; the stream then failed instead of ending
 
 
 # -- sound --
