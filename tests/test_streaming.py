@@ -188,6 +188,11 @@ async def test_open_stream_is_checked() -> None:
             session.open_stream(3)
         with pytest.raises(ValueError, match="entry 3"):
             await session.push(moving_pattern(0, 1))
+        # Entry 3's reader would wait for bytes this batch cannot have: the session failed with that error.
+        with pytest.raises(ValueError, match="entry 3"):
+            await session.push(moving_pattern(0, 1, batch=4))
+    async with ChunkedVideoMP4Session(value_range=(-1, 1), fps=16) as session:
+        session.open_stream(3)
         await session.push(moving_pattern(0, 1, batch=4))
         with pytest.raises(SessionClosedError, match="before the first push"):
             session.open_stream(0)

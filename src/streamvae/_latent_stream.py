@@ -153,6 +153,7 @@ class LatentStream:
         self._started = False  # the worker runs (from the first push)
         self._done = anyio.Event()  # the worker has ended
         self._error: Exception | None = None  # what the decode failed with, raised by push and finish
+        self._streamed = False  # a byte stream was opened on the session
         self._shape: tuple[int, int, int, int] | None = None  # batch, channels, height, width
         self._pieces_pushed = 0
         self._latent_frames_pushed = 0
@@ -234,7 +235,9 @@ class LatentStream:
         ``output="fragmented"`` fragments arrive while later pieces are still to come."""
         if self._started or self._phase != "open":
             raise SessionClosedError("open_stream() must be called before the first push_latents()")
-        return self.session.open_stream(entry, max_buffered=max_buffered)
+        stream = self.session.open_stream(entry, max_buffered=max_buffered)
+        self._streamed = True
+        return stream
 
     # -- event loop side --
 
@@ -243,7 +246,12 @@ class LatentStream:
         batch, channels, _, height, width = z.shape
         shape = (batch, channels, height, width)
         if self._shape is None:
-            self.session.check_batch(batch, owner="push_latents")
+            try:
+                self.session.check_batch(batch, owner="push_latents")
+            except ValueError as error:
+                if self._streamed:  # the session failed with it, its readers told: so does the stream
+                    self._error = error
+                raise
         if self._shape is not None and shape != self._shape:
             changed = ", ".join(
                 f"{name} {now} (the first piece's: {first})"

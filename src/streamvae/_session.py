@@ -178,7 +178,11 @@ class ChunkedVideoMP4Session:
         self._failure.raise_if_failed()
         pipeline = self._pipeline
         if pipeline is None:
-            raise SessionClosedError("finish() before any chunk was pushed: an MP4 needs at least one frame")
+            error = SessionClosedError(
+                "finish() before any chunk was pushed: an MP4 needs at least one frame"
+            )
+            self._fail_readers(error)  # raises it if readers wait
+            raise error
         self._state = "finishing"
         await pipeline.end_input()
         await pipeline.done.wait()
@@ -212,8 +216,14 @@ class ChunkedVideoMP4Session:
 
         :meth:`push` checks its first chunk with it; a producer that knows the batch before it has a chunk
         (a latent's shape) checks it first, so no decode step is spent on a session that cannot take it.
+        With byte streams open, a batch that does not fit fails the session with that error: its readers
+        are told, as of any later failure (without streams the session goes on).
         """
-        self.options.check_batch(batch, streamed=sorted(self._streams), owner=owner)
+        try:
+            self.options.check_batch(batch, streamed=sorted(self._streams), owner=owner)
+        except ValueError as error:
+            self._fail_readers(error)
+            raise
 
     def start_producer(self, producer: Callable[[], Awaitable[None]]) -> None:
         """Run ``producer`` as a task of the session: a producer that pushes (and finishes) on its own.
@@ -292,8 +302,20 @@ class ChunkedVideoMP4Session:
                 )
             return checked
         self.check_batch(batch, owner=owner)
-        self.options.check_frame_size(height, width, owner=owner)
+        try:
+            self.options.check_frame_size(height, width, owner=owner)
+        except ValueError as error:
+            self._fail_readers(error)
+            raise
         return checked
+
+    def _fail_readers(self, error: Exception) -> None:
+        """Fail the session with ``error`` raised at its door when byte streams are open on it: their
+        readers wait for bytes it will not have, and are told, as of a failure later on. Without readers
+        the session goes on (a chunk that fits may follow)."""
+        if self._streams:
+            self.fail(error)
+            self._failure.raise_if_failed()  # raised by the caller, so not again when the block ends
 
     async def _start(self, first: Tensor) -> StagePipeline:
         """Build the pipeline from the first chunk and start its stages."""
