@@ -33,6 +33,7 @@ JOIN_TIMEOUT = 300.0  # a group that has not finished by then hung: the test fai
 STALL_TIMEOUT = 3.0  # the process group timeout of the stalled-rank scenario
 STALL_SECONDS = 4 * STALL_TIMEOUT  # how long its stalled rank waits before its next push
 WORLD = 2
+REPEATS = 3  # runs of each race-prone scenario
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +55,7 @@ class Stream:
     longer_piece: tuple[int, int] | None = None  # (rank, piece): that rank's piece has one more frame
     nan_piece: tuple[int, int] | None = None  # (rank, piece): that rank's piece holds a NaN
     cancel_after: tuple[int, int] | None = None  # (rank, piece): that rank's block is cancelled after it
+    raise_after: tuple[int, int] | None = None  # (rank, piece): that rank's own code raises after it
     stall_before: tuple[int, int] | None = None  # (rank, piece): that rank waits STALL_SECONDS before it
     group_timeout: float | None = None  # stream over a new group with this timeout (seconds)
     alone: bool = False  # auto decides not to shard: the output rank decodes, the others follow
@@ -70,6 +72,13 @@ STREAMS = [
     Stream("wan21_rank_1_nan_piece", backend="trio", nan_piece=(1, 2)),
     Stream("wan21_rank_1_cancelled", pieces=(1, 1, 1), cancel_after=(1, 0)),
     Stream("wan21_owner_encoder_rejects_its_options", pieces=(1, 1, 1, 1), codec_options={"preset": "nope"}),
+    # The caller's own exception leaving the block, on the output rank and on the other, a few times over
+    # (a decode thread that gets to its next push first, on a loaded machine, is what these catch).
+    *(Stream(f"wan21_owner_raises_{n}", pieces=(1, 1, 1, 1), raise_after=(0, 2)) for n in range(REPEATS)),
+    *(
+        Stream(f"wan21_rank_1_raises_{n}", pieces=(1, 1, 1, 1), raise_after=(1, 1), backend="trio")
+        for n in range(REPEATS)
+    ),
     # Last: the stalled rank's peer leaves the stream's group behind.
     Stream("wan21_rank_1_stops_pushing", stall_before=(1, 1), group_timeout=STALL_TIMEOUT),
 ]
@@ -119,6 +128,8 @@ def _run_stream(stream: Stream, rank: int) -> RankResult:
                     if stream.stall_before == (rank, index):
                         await anyio.sleep(STALL_SECONDS)  # stops pushing for longer than the timeout
                     await opened.push_latents(piece)
+                    if stream.raise_after == (rank, index):
+                        raise RuntimeError(f"rank {rank}'s own code failed after piece {index}")
                     if stream.cancel_after == (rank, index):
                         scope.cancel()
                         await anyio.sleep(0)
@@ -246,6 +257,27 @@ def test_a_rank_cancelled_mid_stream_stops_the_other(ranks: dict[str, list[RankR
     assert owner.error is not None and owner.error[0] == "PeerDecodeError", owner.error
     assert owner.peer_rank == 1
     assert owner.seconds < GLOO_TIMEOUT.total_seconds() / 2
+
+
+@pytest.mark.parametrize("n", range(REPEATS))
+def test_the_output_ranks_own_exception_is_what_its_peer_is_told(
+    ranks: dict[str, list[RankResult]], n: int
+) -> None:
+    owner, peer = ranks[f"wan21_owner_raises_{n}"]
+    assert owner.error == ("RuntimeError", "rank 0's own code failed after piece 2"), owner.error
+    assert peer.error is not None and peer.error[0] == "PeerDecodeError", peer.error
+    assert "RuntimeError: rank 0's own code failed after piece 2" in peer.error[1], peer.error
+    assert "SessionClosedError" not in peer.error[1]
+
+
+@pytest.mark.parametrize("n", range(REPEATS))
+def test_a_peers_own_exception_is_what_the_output_rank_is_told(
+    ranks: dict[str, list[RankResult]], n: int
+) -> None:
+    owner, peer = ranks[f"wan21_rank_1_raises_{n}"]
+    assert peer.error == ("RuntimeError", "rank 1's own code failed after piece 1"), peer.error
+    assert owner.error is not None and owner.error[0] == "PeerDecodeError", owner.error
+    assert owner.peer_rank == 1 and "RuntimeError: rank 1's own code failed after piece 1" in owner.error[1]
 
 
 def test_an_output_rank_whose_encoder_fails_stops_every_rank(ranks: dict[str, list[RankResult]]) -> None:

@@ -18,7 +18,18 @@ __all__ = [
     "SessionClosedError",
     "StreamVAEError",
     "UnreadStreamError",
+    "describe_first_cause",
 ]
+
+
+def describe_first_cause(error: BaseException) -> str:
+    """``"Type: message"`` of what started ``error``: a :class:`SessionClosedError` raised because its
+    session was closed by another error (the caller's own exception leaving the block, a cancellation)
+    names that error, never itself — the secondary error is not the one to report."""
+    while isinstance(error, SessionClosedError) and error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {error}"
+
 
 #: What a memory-object stream raises once its other end is gone: a neighbouring stage (or a reader, or
 #: the producer) ended first. Whatever made it end is recorded where it happened, or was no failure at all.

@@ -30,7 +30,7 @@ from streamvae._decode_worker import (
     decode_stream,
     run_decode_worker,
 )
-from streamvae._errors import SessionClosedError
+from streamvae._errors import SessionClosedError, describe_first_cause
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
 from streamvae._public import public
 from streamvae._session import ChunkedVideoMP4Session
@@ -114,8 +114,11 @@ async def _opened(
         stream = LatentStream(decoder, session, limiter)
         try:
             yield stream
-        finally:
-            stream._leave()
+        except BaseException as left_by:
+            stream._leave(left_by)
+            raise
+        else:
+            stream._leave(None)
 
 
 @public
@@ -154,6 +157,7 @@ class LatentStream:
         self._done = anyio.Event()  # the worker has ended
         self._error: Exception | None = None  # what the decode failed with, raised by push and finish
         self._streamed = False  # a byte stream was opened on the session
+        self._left_by: BaseException | None = None  # what the block was left with before finish()
         self._shape: tuple[int, int, int, int] | None = None  # batch, channels, height, width
         self._pieces_pushed = 0
         self._latent_frames_pushed = 0
@@ -268,10 +272,12 @@ class LatentStream:
         if self._error is not None:
             raise self._error
 
-    def _leave(self) -> None:
-        """The block ends: a worker waiting for a piece stops (without end chunks unless finishing)."""
+    def _leave(self, left_by: BaseException | None) -> None:
+        """The block ends (``left_by`` the exception or cancellation it was left with): a worker waiting for
+        a piece stops (without end chunks unless finishing), and names ``left_by`` to its peers."""
         if self._phase != "finished":
             self._aborted = True
+            self._left_by = left_by
         self._phase = "closed"
         self._pieces_send.close()
 
@@ -319,10 +325,12 @@ class LatentStream:
                 with self._decode_turn(), decode_stream(device):
                     decoder.end_with_chunks(state, on_chunk=publish)
         except BaseException as error:
-            reason = f"{type(error).__name__}: {error}"
+            reason = describe_first_cause(error)
             raise
         finally:
             if state is not None and not ended:  # after a failure or an abort: free the caches now
+                if reason is None and self._left_by is not None:
+                    reason = f"the stream was left before finish() by {describe_first_cause(self._left_by)}"
                 decoder.abort(state, reason=reason or "the stream was left before finish()")
 
     def _counting(self, on_chunk: Callable[[Tensor], None]) -> Callable[[Tensor], None]:

@@ -70,6 +70,8 @@ class ChunkedVideoMP4Session:
         self._shape: tuple[int, int, int] | None = None  # batch, height, width of pushed chunks
         self._device: torch.device | None = None
         self._streams: dict[int, MP4ByteStream] = {}
+        #: the exception (or cancellation) the block was left with before finish(), if any
+        self._closed_by: BaseException | None = None
 
     # -- counters --
 
@@ -137,7 +139,9 @@ class ChunkedVideoMP4Session:
     ) -> None:
         assert self._task_group is not None
         if self._state != "done":
-            # Leaving before finish() completed (an error, a cancellation, or no finish at all) aborts.
+            # Leaving before finish() completed (an error, a cancellation, or no finish at all) aborts. A
+            # producer's push after it raises SessionClosedError caused by that exception, its first cause.
+            self._closed_by = exc
             self.abort()
         self._state = "closed"
         # The task group runs the pipeline and producers, which never raise: this waits for them to end.
@@ -274,7 +278,7 @@ class ChunkedVideoMP4Session:
             raise SessionClosedError(f"{owner}() before the session was entered (use `async with`)")
         self._failure.raise_if_failed()
         if self._state != "open":
-            raise SessionClosedError(f"{owner}() on a session that is {self._state}")
+            raise SessionClosedError(f"{owner}() on a session that is {self._state}") from self._closed_by
         checked = self._check_chunk(chunk, owner)
         self._latency.pushed(checked.shape[2])
         pipeline = self._pipeline
@@ -284,7 +288,7 @@ class ChunkedVideoMP4Session:
             await pipeline.send(checked, ready)
         except STREAM_ENDED:
             self._failure.raise_if_failed()
-            raise SessionClosedError(f"{owner}() on a session that was aborted") from None
+            raise SessionClosedError(f"{owner}() on a session that was aborted") from self._closed_by
         self.frames_pushed += checked.shape[2]
 
     def _check_chunk(self, chunk: object, owner: str) -> Tensor:

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from streamvae._checks import check_choice
-from streamvae._errors import StreamVAEError
+from streamvae._errors import StreamVAEError, describe_first_cause
 from streamvae._protocol import ChunkPublisher
 from streamvae.distributed._auto import choose_axis
 from streamvae.distributed._collectives import (
@@ -464,7 +464,7 @@ class ShardedDecoder(ChunkedDecoder):
         if self.is_output_rank:
             if publisher.error is not None:
                 status[0] = _FAILED
-                _encode_text(f"{type(publisher.error).__name__}: {publisher.error}", status[1:])
+                _encode_text(describe_first_cause(publisher.error), status[1:])
             elif ended:
                 status[0] = _WALK_ENDED
         agreement.broadcast(status, self._output_global_rank, f"the output rank's verdict on chunk {index}")
