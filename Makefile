@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) bench/wan.py
 	$(PY) bench/generate.py
 	$(PY) bench/families.py
+	$(PY) bench/pipelines.py
 	$(PY) bench/producers.py
 	$(PY) bench/distributed.py
 	$(PY) bench/encode_budget.py
