@@ -22,14 +22,24 @@ from streamvae.pipelines._capture import ClipSink, _ClipKeeper
 from streamvae.pipelines._plans import Clips, PipelinePlan, find_plan, plans
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests._pipelines_clips import BUILDERS as CLIP_BUILDERS
+from tests._pipelines_extra import BUILDERS as EXTRA_BUILDERS
 from tests._pipelines_more import BUILDERS as MORE_BUILDERS
 
 pytestmark = pytest.mark.anyio
 
 LOSSLESS = {"video_codec_options": {"threads": "1", "crf": "0"}}  # lossless luma, deterministic
-NEW = {**CLIP_BUILDERS, **MORE_BUILDERS}
-#: builders of pipelines streamvae refuses (their own tests say why)
-REFUSED = {"framepack", "framepack_vanilla"}
+NEW = {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS}
+#: builders of pipelines streamvae refuses (test_a_refused_pipeline_... says why)
+REFUSED = {
+    "framepack": "blends each decoded section",
+    "framepack_vanilla": "blends each decoded section",
+    "skyreels_v2_df_v2v": "input video's own frames in front",
+    "hunyuan_video_i2v": "drops the first decoded frames",
+    "hunyuan_video_i2v_token_replace": "drops the first decoded frames",
+    "stable_video_diffusion": "flattened into the batch",
+    "chronoedit": "decodes twice",
+    "motif_video": "several calls",
+}
 HANG_GUARD = 300  # seconds: a generous bound on a tiny pipeline's call, so a hang fails instead of waiting
 
 
@@ -51,7 +61,7 @@ def assert_frames(video: bytes, frames: np.ndarray) -> None:
     assert abs(luma - expected).max() <= 1
 
 
-@pytest.mark.parametrize("name", sorted(set(NEW) - REFUSED))
+@pytest.mark.parametrize("name", sorted(set(NEW) - set(REFUSED)))
 async def test_every_frame_and_the_sound_of_the_pipeline_in_one_call(name: str) -> None:
     pipe, make_kwargs = NEW[name]()
     frames, output = reference(pipe, make_kwargs())
@@ -87,7 +97,7 @@ CLIPS = ["helios", "helios_pyramid", "wan_animate"]
 
 
 def test_the_clip_builders_are_those_whose_pipeline_decodes_clip_by_clip() -> None:
-    for name in sorted(set(NEW) - REFUSED):
+    for name in sorted(set(NEW) - set(REFUSED)):
         pipe, make_kwargs = NEW[name]()
         assert (find_plan(pipe, make_kwargs(), owner="test").clips is not None) == (name in CLIPS), name
 
@@ -362,12 +372,18 @@ async def test_a_pipeline_streamvae_has_not_checked_is_refused_before_any_step()
         await generate_mp4(overridden, fps=8, **make_kwargs())
 
 
-async def test_framepack_is_refused_naming_why() -> None:
-    if "framepack" not in NEW:
-        pytest.skip("no tiny Framepack builder")
-    pipe, make_kwargs = NEW["framepack"]()
-    with pytest.raises(TypeError, match="blends each decoded section"):
-        await generate_mp4(pipe, fps=8, **make_kwargs())
+@pytest.mark.parametrize("name", sorted(REFUSED))
+async def test_a_refused_pipeline_is_a_type_error_naming_why_before_any_step(name: str) -> None:
+    pipe, make_kwargs = NEW[name]()
+    forwards: list[int] = []
+    denoiser = getattr(pipe, "transformer", None) or pipe.unet
+    hook = denoiser.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        with pytest.raises(TypeError, match=REFUSED[name]):
+            await generate_mp4(pipe, fps=8, **make_kwargs())
+    finally:
+        hook.remove()
+    assert forwards == []
 
 
 async def test_a_modular_pipeline_takes_only_its_inputs_and_leaves_output_to_streamvae() -> None:

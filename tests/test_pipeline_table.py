@@ -16,6 +16,7 @@ from streamvae.models import supported_classes
 from streamvae.pipelines._plans import REFUSED, describe, pipeline_key, plans
 from tests._pipelines import BUILDERS as FIRST_BUILDERS
 from tests._pipelines_clips import BUILDERS as CLIP_BUILDERS
+from tests._pipelines_extra import BUILDERS as EXTRA_BUILDERS
 from tests._pipelines_more import BUILDERS as MORE_BUILDERS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "pipelines.md"
@@ -40,8 +41,9 @@ VIDEO_VAES = (
 #: the tests that check a supported pipeline's frames and sound against ``pipe()``'s
 TESTS = {
     **{name: "tests/test_generate.py" for name in FIRST_BUILDERS},
-    **{name: "tests/test_generate_every.py" for name in {**CLIP_BUILDERS, **MORE_BUILDERS}},
+    **{name: "tests/test_generate_every.py" for name in {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS}},
 }
+ALL_BUILDERS = {**FIRST_BUILDERS, **CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS}
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,12 @@ def video_pipelines() -> list[tuple[str, str, str]]:
 def tested_by() -> dict[str, list[str]]:
     """Plan name → the builders whose pipelines it is tested on."""
     names: dict[str, list[str]] = {}
-    for builder_name, builder in {**FIRST_BUILDERS, **CLIP_BUILDERS, **MORE_BUILDERS}.items():
+    for builder_name, builder in {
+        **FIRST_BUILDERS,
+        **CLIP_BUILDERS,
+        **MORE_BUILDERS,
+        **EXTRA_BUILDERS,
+    }.items():
         pipe, _ = builder()
         names.setdefault(pipeline_key(pipe), []).append(builder_name)
     return names

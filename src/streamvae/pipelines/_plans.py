@@ -146,6 +146,21 @@ _ONCE = (
     "Kandinsky5T2VPipeline",
     "SanaVideoPipeline",
     "MochiPipeline",
+    # image, video and control conditioned variants that decode the same way
+    "WanVACEPipeline",
+    "WanVideoToVideoPipeline",
+    "SkyReelsV2Pipeline",
+    "SkyReelsV2ImageToVideoPipeline",
+    "SkyReelsV2DiffusionForcingImageToVideoPipeline",
+    "HunyuanSkyreelsImageToVideoPipeline",
+    "HunyuanVideo15ImageToVideoPipeline",
+    "CogVideoXImageToVideoPipeline",
+    "CogVideoXVideoToVideoPipeline",
+    "CogVideoXFunControlPipeline",
+    "EasyAnimatePipeline",
+    "Kandinsky5I2VPipeline",
+    "LucyEditPipeline",
+    "AnyFlowPipeline",
 )
 
 _PLANS: dict[str, PipelinePlan] = {
@@ -157,6 +172,7 @@ _PLANS: dict[str, PipelinePlan] = {
     ),
     "AllegroPipeline": PipelinePlan("AllegroPipeline", keep_frames=_allegro_frames),
     "LTX2Pipeline": PipelinePlan("LTX2Pipeline", sound=Sound(_ltx2_sound)),
+    "LTX2ImageToVideoPipeline": PipelinePlan("LTX2ImageToVideoPipeline", sound=Sound(_ltx2_sound)),
     "MiniMaxH3Blocks": PipelinePlan(
         "MiniMaxH3Blocks", sound=Sound(_minimax_h3_sound), outputs=("videos", "audio", "sampling_rate")
     ),
@@ -165,6 +181,20 @@ _PLANS: dict[str, PipelinePlan] = {
 #: video pipelines of diffusers 0.42.1 streamvae refuses, and why (a class not here and without a plan
 #: is refused as not verified)
 REFUSED: dict[str, str] = {
+    "SkyReelsV2DiffusionForcingVideoToVideoPipeline": (
+        "it puts the input video's own frames in front of the decoded ones after vae.decode"
+    ),
+    "HunyuanVideoImageToVideoPipeline": (
+        "its default latent_concat mode drops the first decoded frames after vae.decode (its token_replace "
+        "mode, checked exact, would not)"
+    ),
+    "StableVideoDiffusionPipeline": (
+        "it decodes frames-first latents flattened into the batch, decode_chunk_size frames a call"
+    ),
+    "ChronoEditPipeline": (
+        "with temporal reasoning over every step it decodes twice and joins the two videos"
+    ),
+    "MotifVideoPipeline": "with a vae_batch_size below the batch it decodes the videos in several calls",
     "HunyuanVideoFramepackPipeline": (
         "it blends each decoded section into the frames before it (and, in its default inverted "
         "anti-drifting sampling, prepends it), so no decoded frame is final before the end"
