@@ -23,12 +23,13 @@ from streamvae.pipelines._plans import Clips, PipelinePlan, find_plan, plans
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests._pipelines_clips import BUILDERS as CLIP_BUILDERS
 from tests._pipelines_extra import BUILDERS as EXTRA_BUILDERS
+from tests._pipelines_modular import BUILDERS as MODULAR_BUILDERS
 from tests._pipelines_more import BUILDERS as MORE_BUILDERS
 
 pytestmark = pytest.mark.anyio
 
 LOSSLESS = {"video_codec_options": {"threads": "1", "crf": "0"}}  # lossless luma, deterministic
-NEW = {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS}
+NEW = {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS, **MODULAR_BUILDERS}
 #: builders of pipelines streamvae refuses (test_a_refused_pipeline_... says why)
 REFUSED = {
     "framepack": "blends each decoded section",
@@ -39,6 +40,7 @@ REFUSED = {
     "stable_video_diffusion": "flattened into the batch",
     "chronoedit": "decodes twice",
     "motif_video": "several calls",
+    "wan_animate2_modular": "crops a letterbox region",
 }
 HANG_GUARD = 300  # seconds: a generous bound on a tiny pipeline's call, so a hang fails instead of waiting
 
@@ -93,7 +95,9 @@ def assert_sound(video: bytes, waveform: np.ndarray) -> None:
 
 
 #: builders of pipelines that decode clip by clip (checked against their plans below)
-CLIPS = ["helios", "helios_pyramid", "wan_animate"]
+CLIPS = ["helios", "helios_pyramid", "wan_animate", "helios_modular"]
+#: of those, the ones that decode while they denoise, and take a callback_on_step_end to show it
+STREAMED_WHILE_DENOISING = ["helios", "helios_pyramid", "wan_animate"]
 
 
 def test_the_clip_builders_are_those_whose_pipeline_decodes_clip_by_clip() -> None:
@@ -122,7 +126,7 @@ class FirstBytesBeforeTheLastStep:
         return {}
 
 
-@pytest.mark.parametrize("name", CLIPS)
+@pytest.mark.parametrize("name", STREAMED_WHILE_DENOISING)
 async def test_stream_generation_sends_a_clip_while_the_pipeline_generates_the_next(name: str) -> None:
     pipe, make_kwargs = NEW[name]()
     frames, _ = reference(pipe, make_kwargs())

@@ -17,6 +17,7 @@ from streamvae.pipelines._plans import REFUSED, describe, pipeline_key, plans
 from tests._pipelines import BUILDERS as FIRST_BUILDERS
 from tests._pipelines_clips import BUILDERS as CLIP_BUILDERS
 from tests._pipelines_extra import BUILDERS as EXTRA_BUILDERS
+from tests._pipelines_modular import BUILDERS as MODULAR_BUILDERS
 from tests._pipelines_more import BUILDERS as MORE_BUILDERS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "pipelines.md"
@@ -41,9 +42,12 @@ VIDEO_VAES = (
 #: the tests that check a supported pipeline's frames and sound against ``pipe()``'s
 TESTS = {
     **{name: "tests/test_generate.py" for name in FIRST_BUILDERS},
-    **{name: "tests/test_generate_every.py" for name in {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS}},
+    **{
+        name: "tests/test_generate_every.py"
+        for name in {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS, **MODULAR_BUILDERS}
+    },
 }
-ALL_BUILDERS = {**FIRST_BUILDERS, **CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS}
+ALL_BUILDERS = {**FIRST_BUILDERS, **CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS, **MODULAR_BUILDERS}
 
 
 @dataclass(frozen=True)

@@ -236,7 +236,9 @@ async def _run_once(
     """Run a pipeline that decodes once up to its decode in a worker thread of its own (never abandoned)
     — to its end when its sound is wanted — and return what it passed there, with the options that carry
     its sound. The batch is checked against the options."""
-    go_on = plan.sound is not None and (plan.modular or options.audio_waveforms is None)
+    # A modular pipeline goes on past its decode even without sound: its blocks log an exception that
+    # stops them as an ERROR, with its traceback, before passing it on.
+    go_on = plan.modular or (plan.sound is not None and options.audio_waveforms is None)
     result: list[CapturedDecode] = []
 
     def work() -> None:

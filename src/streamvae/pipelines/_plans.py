@@ -123,6 +123,12 @@ def _ltx2_sound(output: Any, pipe: Any) -> tuple[list[Tensor], int]:
     return [audio[entry] for entry in range(audio.shape[0])], int(pipe.vocoder.config.output_sampling_rate)
 
 
+def _ltx2_modular_sound(output: Any, pipe: Any) -> tuple[list[Tensor], int]:
+    """LTX2AutoBlocks: output ``audio`` ``[batch, channels, samples]`` at the vocoder's output rate."""
+    audio = output["audio"]
+    return [audio[entry] for entry in range(audio.shape[0])], int(pipe.vocoder.config.output_sampling_rate)
+
+
 def _minimax_h3_sound(output: Any, pipe: Any) -> tuple[list[Tensor], int]:
     """MiniMax-H3's blocks: ``audio`` ``[batch, 2, samples]`` at ``sampling_rate``."""
     audio = output["audio"]
@@ -173,6 +179,15 @@ _PLANS: dict[str, PipelinePlan] = {
     "AllegroPipeline": PipelinePlan("AllegroPipeline", keep_frames=_allegro_frames),
     "LTX2Pipeline": PipelinePlan("LTX2Pipeline", sound=Sound(_ltx2_sound)),
     "LTX2ImageToVideoPipeline": PipelinePlan("LTX2ImageToVideoPipeline", sound=Sound(_ltx2_sound)),
+    **{
+        name: PipelinePlan(name, outputs=("videos",))
+        for name in ("WanBlocks", "Wan22Blocks", "WanImage2VideoAutoBlocks", "HunyuanVideo15AutoBlocks")
+    },
+    # Its decode step decodes each chunk in turn, after the chunk loop: exact, streamed once denoised.
+    "HeliosAutoBlocks": PipelinePlan("HeliosAutoBlocks", clips=_HELIOS, outputs=("videos",)),
+    "LTX2AutoBlocks": PipelinePlan(
+        "LTX2AutoBlocks", sound=Sound(_ltx2_modular_sound), outputs=("videos", "audio")
+    ),
     "MiniMaxH3Blocks": PipelinePlan(
         "MiniMaxH3Blocks", sound=Sound(_minimax_h3_sound), outputs=("videos", "audio", "sampling_rate")
     ),
@@ -195,6 +210,10 @@ REFUSED: dict[str, str] = {
         "with temporal reasoning over every step it decodes twice and joins the two videos"
     ),
     "MotifVideoPipeline": "with a vae_batch_size below the batch it decodes the videos in several calls",
+    "WanAnimate2Blocks": (
+        "its end step crops a letterbox region out of the decoded frames when the image's aspect differs "
+        "from the frame's"
+    ),
     "HunyuanVideoFramepackPipeline": (
         "it blends each decoded section into the frames before it (and, in its default inverted "
         "anti-drifting sampling, prepends it), so no decoded frame is final before the end"
