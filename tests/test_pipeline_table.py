@@ -40,14 +40,12 @@ VIDEO_VAES = (
     "AutoencoderKLKVAEVideo",
 )
 #: the tests that check a supported pipeline's frames and sound against ``pipe()``'s
+NEW_BUILDERS = {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS, **MODULAR_BUILDERS}
 TESTS = {
     **{name: "tests/test_generate.py" for name in FIRST_BUILDERS},
-    **{
-        name: "tests/test_generate_every.py"
-        for name in {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS, **MODULAR_BUILDERS}
-    },
+    **{name: "tests/test_generate_every.py" for name in NEW_BUILDERS},
 }
-ALL_BUILDERS = {**FIRST_BUILDERS, **CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS, **MODULAR_BUILDERS}
+ALL_BUILDERS = {**FIRST_BUILDERS, **NEW_BUILDERS}
 
 
 @dataclass(frozen=True)
@@ -102,12 +100,7 @@ def video_pipelines() -> list[tuple[str, str, str]]:
 def tested_by() -> dict[str, list[str]]:
     """Plan name → the builders whose pipelines it is tested on."""
     names: dict[str, list[str]] = {}
-    for builder_name, builder in {
-        **FIRST_BUILDERS,
-        **CLIP_BUILDERS,
-        **MORE_BUILDERS,
-        **EXTRA_BUILDERS,
-    }.items():
+    for builder_name, builder in ALL_BUILDERS.items():
         pipe, _ = builder()
         names.setdefault(pipeline_key(pipe), []).append(builder_name)
     return names
