@@ -5,6 +5,7 @@ instead of truncating."""
 
 from __future__ import annotations
 
+import functools
 import io
 import threading
 from collections.abc import Callable
@@ -45,6 +46,14 @@ REFUSED = {
 HANG_GUARD = 300  # seconds: a generous bound on a tiny pipeline's call, so a hang fails instead of waiting
 
 
+@functools.cache
+def reference_of(name: str) -> tuple[np.ndarray, Any]:
+    """:func:`reference` of builder ``name``'s default call, once per process (asyncio's test and trio's
+    share it: the call is seeded, so it gives the same frames every time)."""
+    pipe, make_kwargs = NEW[name]()
+    return reference(pipe, make_kwargs())
+
+
 def reference(pipe: Any, kwargs: dict[str, Any]) -> tuple[np.ndarray, Any]:
     """``pipe(**kwargs, output_type="np")``'s frames ``[B, F, H, W, 3]`` and its output (for its sound)."""
     plan = find_plan(pipe, kwargs, owner="test")
@@ -66,7 +75,7 @@ def assert_frames(video: bytes, frames: np.ndarray) -> None:
 @pytest.mark.parametrize("name", sorted(set(NEW) - set(REFUSED)))
 async def test_every_frame_and_the_sound_of_the_pipeline_in_one_call(name: str) -> None:
     pipe, make_kwargs = NEW[name]()
-    frames, output = reference(pipe, make_kwargs())
+    frames, output = reference_of(name)
     with anyio.fail_after(HANG_GUARD):
         videos = await generate_mp4(pipe, fps=8, session_options=LOSSLESS, **make_kwargs())
     assert len(videos) == frames.shape[0]
@@ -129,7 +138,7 @@ class FirstBytesBeforeTheLastStep:
 @pytest.mark.parametrize("name", STREAMED_WHILE_DENOISING)
 async def test_stream_generation_sends_a_clip_while_the_pipeline_generates_the_next(name: str) -> None:
     pipe, make_kwargs = NEW[name]()
-    frames, _ = reference(pipe, make_kwargs())
+    frames, _ = reference_of(name)
     steps_per_clip = _steps_per_clip(pipe, make_kwargs())
     gate = FirstBytesBeforeTheLastStep(steps_per_clip)
     parts: list[bytes] = []
@@ -173,7 +182,7 @@ async def test_stream_generation_of_a_pipeline_that_decodes_once_streams_its_fra
     name: str,
 ) -> None:
     pipe, make_kwargs = NEW[name]()
-    frames, output = reference(pipe, make_kwargs())
+    frames, output = reference_of(name)
     parts: list[bytes] = []
     with anyio.fail_after(HANG_GUARD):
         async with stream_generation(pipe, fps=8, session_options=LOSSLESS, **make_kwargs()) as streams:
@@ -323,7 +332,7 @@ async def test_another_thread_decoding_with_the_same_vae_meanwhile_gets_its_ordi
         (video,) = await generate_mp4(pipe, fps=8, callback_on_step_end=at_step, **make_kwargs())
     assert len(seen) == 1 and torch.equal(seen[0], expected)
     assert "decode" not in vars(pipe.vae)
-    assert read_mp4(video).frames.shape[0] == reference(pipe, make_kwargs())[0].shape[1]
+    assert read_mp4(video).frames.shape[0] == reference_of("helios")[0].shape[1]
 
 
 # -- cancellation without callback_on_step_end --

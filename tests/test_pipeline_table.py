@@ -97,7 +97,7 @@ def video_pipelines() -> list[tuple[str, str, str]]:
     return found
 
 
-def tested_by() -> dict[str, list[str]]:
+def builders_by_plan() -> dict[str, list[str]]:
     """Plan name → the builders whose pipelines it is tested on."""
     names: dict[str, list[str]] = {}
     for builder_name, builder in ALL_BUILDERS.items():
@@ -107,7 +107,7 @@ def tested_by() -> dict[str, list[str]]:
 
 
 def rows() -> list[Row]:
-    tested = tested_by()
+    tested = builders_by_plan()
     decoded = set(supported_classes())
     table: list[Row] = []
     for name, kind, vae in video_pipelines():
@@ -150,7 +150,7 @@ def render(table: list[Row]) -> str:
 
 def test_every_plan_is_a_diffusers_video_pipeline_tested_on_a_tiny_instance() -> None:
     listed = {name for name, _, _ in video_pipelines()}
-    tested = tested_by()
+    tested = builders_by_plan()
     for name in plans():
         assert name in listed, name
         assert tested.get(name), f"{name} has a plan but no tiny seeded builder tests it"
