@@ -59,7 +59,7 @@ from torch import Tensor
 from streamvae._decode_worker import check_abandoned, run_decode
 from streamvae._quantize import PerChannelRange, ValueRange
 from streamvae.models import ChunkedDecoder, as_decoder
-from streamvae.pipelines._plans import PipelinePlan
+from streamvae.pipelines._plans import PipelinePlan, find_plan
 
 __all__ = [
     "CapturedDecode",
@@ -217,8 +217,6 @@ def run_to_decode(
     without decoding, or called ``vae.decode`` more than once.
     """
     if plan is None:
-        from streamvae.pipelines._plans import find_plan
-
         plan = find_plan(pipe, pipeline_kwargs, owner=owner)
     vae = pipe.vae
     calls: list[CapturedDecode] = []
