@@ -4,6 +4,7 @@ test. ``STREAMVAE_WRITE_DOCS=1 pytest tests/test_pipeline_table.py`` rewrites th
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import warnings
@@ -67,6 +68,7 @@ def _vae_of_standard(cls: type) -> str:
     return " or ".join(name for name in names if name.startswith("Autoencoder")) or "—"
 
 
+@functools.cache
 def video_pipelines() -> list[tuple[str, str, str]]:
     """(name, kind, VAE classes) of every video pipeline class of the installed diffusers."""
     import diffusers
@@ -97,6 +99,7 @@ def video_pipelines() -> list[tuple[str, str, str]]:
     return found
 
 
+@functools.cache
 def builders_by_plan() -> dict[str, list[str]]:
     """Plan name → the builders whose pipelines it is tested on."""
     names: dict[str, list[str]] = {}
