@@ -332,6 +332,7 @@ class LatentStream:
                 if reason is None and self._left_by is not None:
                     reason = f"the stream was left before finish() by {describe_first_cause(self._left_by)}"
                 decoder.abort(state, reason=reason or "the stream was left before finish()")
+            self._left_by = None  # named to the peers: hold no traceback (and its frames) any longer
 
     def _counting(self, on_chunk: Callable[[Tensor], None]) -> Callable[[Tensor], None]:
         def publish(chunk: Tensor) -> None:

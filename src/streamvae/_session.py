@@ -148,6 +148,7 @@ class ChunkedVideoMP4Session:
         # The body's own exception is not handed to it (anyio would wrap it in a group): it propagates
         # unchanged when this method returns.
         await self._task_group.__aexit__(None, None, None)
+        self._closed_by = None  # its producers have ended: hold no traceback (and its frames) past the block
         if exc is None:
             self._failure.raise_if_undelivered()
 
