@@ -52,6 +52,7 @@ from transformers import CLIPImageProcessorPil, CLIPVisionConfig, CLIPVisionMode
 from tests._pipelines import (
     _CLIP_VISION,
     _TEXT_TOKENS,
+    _WAN_TRANSFORMER,
     Builder,
     Expected,
     MakeKwargs,
@@ -226,21 +227,8 @@ def wan_animate() -> tuple[Pipeline, MakeKwargs]:
 # SkyReels-V2 diffusion forcing: short mode, and long mode (overlapping iterations, one decode)
 # ---------------------------------------------------------------------------------------------------------
 
-#: diffusers' tiny SkyReels-V2 transformer (tests/pipelines/skyreels_v2).
-_SKYREELS_TRANSFORMER: dict[str, Any] = {
-    "patch_size": (1, 2, 2),
-    "num_attention_heads": 2,
-    "attention_head_dim": 12,
-    "in_channels": 16,
-    "out_channels": 16,
-    "text_dim": _WAN_TEXT_DIM,
-    "freq_dim": 256,
-    "ffn_dim": 32,
-    "num_layers": 2,
-    "cross_attn_norm": True,
-    "qk_norm": "rms_norm_across_heads",
-    "rope_max_seq_len": 32,
-}
+#: diffusers' tiny SkyReels-V2 transformer (tests/pipelines/skyreels_v2): the tiny Wan one, 16 channels.
+_SKYREELS_TRANSFORMER: dict[str, Any] = {**_WAN_TRANSFORMER, "in_channels": 16, "out_channels": 16}
 
 
 @functools.cache
