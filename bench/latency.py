@@ -56,7 +56,7 @@ import streamvae._encode as encode_module
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream
 from streamvae._codec_options import OutputKind, default_codec_options
 from streamvae._encode import EntryEncoder
-from streamvae._fragments import FragmentCounter
+from streamvae._fragments import FragmentCutter
 from streamvae.demo import DEMO_FPS, demo_latent, demo_vae
 from streamvae.server import create_app
 from tests._server import running_server
@@ -127,10 +127,8 @@ async def stream(chunks: list[torch.Tensor], step: float) -> StreamRun:
     arrivals: list[tuple[float, int]] = []  # (time, frames out)
 
     async def read(video: MP4ByteStream, started: float) -> None:
-        counter = FragmentCounter()
-        async for data in video:
-            counter.feed(data)
-            arrivals.append((time.perf_counter() - started, counter.samples))
+        async for piece in video.pieces():
+            arrivals.append((time.perf_counter() - started, piece.frames_until))
 
     async with ChunkedVideoMP4Session(
         value_range=(-1, 1), fps=DEMO_FPS, output="fragmented", record_timeline=True
@@ -178,7 +176,8 @@ def compress(rgb: np.ndarray, name: str, fragment_frames: int = 1) -> Compressio
             keyframe_interval=DEMO_FPS,
             fragment_frames=fragment_frames,
         )
-        data = b"".join(encoder.encode(rgb[i : i + 1]) for i in range(len(rgb))) + encoder.finish()
+        pieces = [piece for i in range(len(rgb)) for piece in encoder.encode(rgb[i : i + 1])]
+        data = b"".join(piece.data for piece in [*pieces, *encoder.finish()])
     with av.open(io.BytesIO(data)) as container:
         decoded = np.stack(
             [f.to_ndarray(format="rgb24", src_colorspace="ITU709") for f in container.decode(video=0)]
@@ -212,7 +211,7 @@ def pattern(frames: int, height: int = 480, width: int = 832) -> np.ndarray:
 
 def served(url: str, frames: int = 65) -> tuple[float, float]:
     """(first moof holding a frame, the whole response) in seconds, client side."""
-    counter = FragmentCounter()
+    counter = FragmentCutter()  # what a client that gets bytes cuts
     first = None
     started = time.perf_counter()
     with httpx.stream("GET", f"{url}/video.mp4?frames={frames}&size={SIZE}", timeout=600) as response:

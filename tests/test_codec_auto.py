@@ -117,7 +117,7 @@ def test_a_session_never_mixes_codecs_when_a_later_entry_cannot_open_nvenc(
     frames = np.random.default_rng(0).integers(0, 256, (4, 32, 48, 3), dtype=np.uint8)
     for encoder in encoders:
         encoder.encode(frames)
-        assert read_mp4(encoder.finish()).frames.shape == (4, 32, 48, 3)
+        assert read_mp4(encoder.finish()[0].data).frames.shape == (4, 32, 48, 3)
     assert open_containers() == 0
 
 
@@ -194,7 +194,7 @@ def test_every_neutral_value_auto_accepts_encodes(options: dict[str, str]) -> No
     encoder = EntryEncoder(fps=Fraction(16), video_codec="auto", video_codec_options=options)
     frames = np.random.default_rng(0).integers(0, 256, (3, 32, 48, 3), dtype=np.uint8)
     encoder.encode(frames)
-    assert read_mp4(encoder.finish()).frames.shape == (3, 32, 48, 3)
+    assert read_mp4(encoder.finish()[0].data).frames.shape == (3, 32, 48, 3)
 
 
 @pytest.mark.parametrize("output", ["mp4", "fragmented"])

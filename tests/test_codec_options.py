@@ -105,5 +105,5 @@ def test_every_encoder_is_fed_yuv420p_frames_from_either_pixel_format() -> None:
             fps=Fraction(16), pixel_format=pixel_format, video_codec_options={"threads": "1"}
         )
         encoder.encode(frames)
-        with av.open(io.BytesIO(encoder.finish())) as container:
+        with av.open(io.BytesIO(encoder.finish()[0].data)) as container:
             assert container.streams.video[0].codec_context.pix_fmt == ENCODER_PIXEL_FORMAT

@@ -16,7 +16,7 @@ import pytest
 
 from streamvae._codec_options import merge_codec_options
 from streamvae._encode import EntryEncoder
-from streamvae._fragments import FragmentCounter
+from streamvae._fragments import FragmentCutter, MP4Piece
 from tests._media import DETERMINISTIC_X264, moving_pattern, psnr, read_mp4, to_rgb_uint8
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
@@ -66,8 +66,10 @@ def test_a_dropped_encoder_frees_its_container_and_codecs_without_the_garbage_co
 def test_a_finished_mp4_encoder_keeps_no_copy_of_its_output(no_gc: None) -> None:
     encoder = EntryEncoder(fps=Fraction(16), output="mp4", video_codec_options={"threads": "1"})
     encoder.encode(FRAMES)
-    data = encoder.finish()
+    [piece] = encoder.finish()  # a plain MP4 is one piece, every frame
+    data = piece.data
     assert data[4:8] == b"ftyp" and encoder.bytes_out == len(data)
+    assert piece.frames == piece.frames_until == 5
     referents = gc.get_referents(vars(encoder))
     assert not any(isinstance(o, bytes | bytearray) and len(o) >= len(data) for o in referents)
     assert not any(hasattr(o, "getbuffer") for o in referents)  # no BytesIO left behind
@@ -100,6 +102,10 @@ def test_yuv420p_frames_wrap_the_slot_only_for_encoders_that_copy_the_picture(
 
 
 # -- fragmented output: what leaves when --
+
+
+def joined(pieces: list[MP4Piece]) -> bytes:
+    return b"".join(piece.data for piece in pieces)
 
 
 def fragment_frames(data: bytes) -> list[int]:
@@ -150,12 +156,12 @@ def test_a_groups_frames_leave_with_the_next_groups_first_frame() -> None:
         for size in GROUPS:
             if start:
                 # the next group's first frame alone: every frame before it must be out
-                received += encoder.encode(CLIP[start : start + 1])
+                received += joined(encoder.encode(CLIP[start : start + 1]))
                 assert decoded_frames(received) == sum(fragment_frames(received)) == start
                 assert encoder.frames_out == start
-            received += encoder.encode(CLIP[start + (start > 0) : start + size])
+            received += joined(encoder.encode(CLIP[start + (start > 0) : start + size]))
             start += size
-        received += encoder.finish()
+        received += joined(encoder.finish())
     finally:
         encoder.close()
     assert fragment_frames(received) == [1] * 25  # one fragment a frame (a transfer group of 1)
@@ -170,7 +176,7 @@ def test_fragment_frames_cuts_every_n_frames_whatever_the_keyframes() -> None:
         keyframe_interval=6,
         fragment_frames=4,
     )
-    data = encoder.encode(CLIP) + encoder.finish()
+    data = joined(encoder.encode(CLIP) + encoder.finish())
     assert fragment_frames(data) == [4] * 6 + [1]
     with av.open(io.BytesIO(data)) as container:
         keyframes = [p.is_keyframe for p in container.demux(video=0) if p.size]
@@ -190,7 +196,7 @@ def test_fragments_of_one_frame_with_audio_keep_every_frame_at_its_time(fps: int
         audio=np.zeros((1, rate * 4), np.float32),
         audio_sample_rate=rate,
     )
-    data = b"".join(encoder.encode(CLIP[i : i + 1]) for i in range(25)) + encoder.finish()
+    data = b"".join(joined(encoder.encode(CLIP[i : i + 1])) for i in range(25)) + joined(encoder.finish())
     with av.open(io.BytesIO(data)) as container:
         times = [float(p.pts * p.time_base) * fps for p in container.demux(video=0) if p.size]
     assert times == pytest.approx(list(range(25)))
@@ -204,8 +210,8 @@ def test_fragmented_output_defaults_to_zerolatency_and_a_users_tune_replaces_it(
     encoder = EntryEncoder(fps=Fraction(16), output="fragmented", video_codec_options={"threads": "1"})
     try:
         # zerolatency: frame 0's packet comes with frame 0, so frame 1 closes its fragment
-        assert encoder.encode(CLIP[:1]) == b""  # the moov waits for the first fragment
-        assert decoded_frames(encoder.encode(CLIP[1:2])) == 1
+        assert encoder.encode(CLIP[:1]) == []  # the moov waits for the first fragment
+        assert decoded_frames(joined(encoder.encode(CLIP[1:2]))) == 1
     finally:
         encoder.close()
 
@@ -214,23 +220,27 @@ def test_a_users_tune_brings_b_frames_back_and_the_video_still_starts_at_zero() 
     encoder = EntryEncoder(
         fps=Fraction(16), output="fragmented", video_codec_options={"threads": "1", "tune": "film"}
     )
-    data = b"".join(encoder.encode(CLIP[i : i + 4]) for i in range(0, 25, 4)) + encoder.finish()
+    data = b"".join(joined(encoder.encode(CLIP[i : i + 4])) for i in range(0, 25, 4)) + joined(
+        encoder.finish()
+    )
     video = read_mp4(data)
     assert video.frames.shape[0] == 25 and video.video_start == 0
     assert psnr(video.frames, CLIP) > 35
 
 
 @pytest.mark.parametrize("piece", [1, 7, 4096])
-def test_the_fragment_counter_counts_whole_fragments_however_the_bytes_are_cut(piece: int) -> None:
+def test_the_fragment_cutter_counts_whole_fragments_however_the_bytes_are_cut(piece: int) -> None:
     encoder = EntryEncoder(fps=Fraction(16), output="fragmented", video_codec_options={"threads": "1"})
-    data = b"".join(encoder.encode(CLIP[i : i + 1]) for i in range(25)) + encoder.finish()
-    counter, seen = FragmentCounter(), []
+    data = b"".join(joined(encoder.encode(CLIP[i : i + 1])) for i in range(25)) + joined(encoder.finish())
+    cutter, seen, cut = FragmentCutter(), [], []
     for start in range(0, len(data), piece):
-        counter.feed(data[start : start + piece])
-        seen.append(counter.samples)
-    assert counter.samples == 25 and counter.fragments == 25
+        cut += cutter.feed(data[start : start + piece])
+        seen.append(cutter.samples)
+    rest = cutter.rest()
+    assert cutter.samples == 25 and cutter.fragments == 25
     assert seen == sorted(seen)  # a fragment counts once, when its mdat is whole
+    assert [p.frames for p in cut] == [1] * 25 and [p.frames_until for p in cut] == list(range(1, 26))
+    assert rest is not None and joined([*cut, rest]) == data  # cut, not changed
     head = data[: data.index(b"mdat") - 4]  # up to the first fragment's mdat: no frame yet
-    partial = FragmentCounter()
-    partial.feed(head)
-    assert partial.samples == 0
+    partial = FragmentCutter()
+    assert partial.feed(head) == [] and partial.samples == 0

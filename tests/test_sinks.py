@@ -15,6 +15,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 import streamvae._sinks
 from streamvae import SessionClosedError, UnreadStreamError
 from streamvae._failure import FailureRecord
+from streamvae._fragments import MP4Piece
 from streamvae._sinks import Arrivals, EntrySink, MP4ByteStream, read_entries, watch_readers
 
 HANG_GUARD = 10  # seconds, a hang guard only: every wait below ends in milliseconds unless a sink is broken
@@ -30,6 +31,11 @@ class Session:
     def entry(self, entry: int, max_buffered: int = 4) -> tuple[EntrySink, MP4ByteStream]:
         stream = MP4ByteStream(entry, max_buffered, self.failure, self.arrivals)
         return EntrySink(entry, stream), stream
+
+
+def piece(data: bytes) -> MP4Piece:
+    """Bytes as the encoder hands them on (the sinks carry them whatever frames they hold)."""
+    return MP4Piece(data, 0, 0)
 
 
 def end_complete(sink: EntrySink) -> None:
@@ -56,9 +62,9 @@ async def test_arrivals_wake_the_current_waiters_and_arm_a_fresh_event() -> None
 @pytest.mark.anyio
 async def test_an_entry_without_a_stream_keeps_its_bytes_for_finish() -> None:
     sink = EntrySink(0)
-    await sink.write(b"ftyp")
-    assert sink.offer(b"moov")
-    await sink.write(b"")
+    await sink.write(piece(b"ftyp"))
+    assert sink.offer(piece(b"moov"))
+    await sink.write(piece(b""))
     end_complete(sink)  # nothing to end without a stream
     assert sink.parts == [b"ftyp", b"moov"]
     assert sink.getvalue() == b"ftypmoov"
@@ -67,9 +73,9 @@ async def test_an_entry_without_a_stream_keeps_its_bytes_for_finish() -> None:
 @pytest.mark.anyio
 async def test_written_and_offered_bytes_reach_the_stream_in_order() -> None:
     sink, stream = Session().entry(0)
-    await sink.write(b"ftyp")
-    assert sink.offer(b"moof")
-    await sink.write(b"mdat")
+    await sink.write(piece(b"ftyp"))
+    assert sink.offer(piece(b"moof"))
+    await sink.write(piece(b"mdat"))
     end_complete(sink)
     assert [data async for data in stream] == [b"ftyp", b"moof", b"mdat"]
     assert sink.getvalue() == b""  # a streamed entry's bytes went to its stream, not to finish
@@ -80,8 +86,8 @@ async def test_empty_bytes_are_taken_without_reaching_the_stream_or_waking_anyon
     session = Session()
     sink, stream = session.entry(0, max_buffered=1)
     arrived = session.arrivals.event
-    await sink.write(b"")
-    assert sink.offer(b"")
+    await sink.write(piece(b""))
+    assert sink.offer(piece(b""))
     assert stream.statistics().current_buffer_used == 0
     assert not arrived.is_set()
 
@@ -92,10 +98,10 @@ async def test_every_piece_handed_to_a_stream_and_its_end_wake_the_arrivals() ->
     sink, _ = session.entry(0)
     woken = []
     arrived = session.arrivals.event
-    await sink.write(b"a")
+    await sink.write(piece(b"a"))
     woken.append(arrived.is_set())
     arrived = session.arrivals.event
-    assert sink.offer(b"b")
+    assert sink.offer(piece(b"b"))
     woken.append(arrived.is_set())
     arrived = session.arrivals.event
     sink.close()
@@ -106,8 +112,8 @@ async def test_every_piece_handed_to_a_stream_and_its_end_wake_the_arrivals() ->
 @pytest.mark.anyio
 async def test_the_stream_statistics_are_its_bounded_buffers() -> None:
     sink, stream = Session().entry(0, max_buffered=3)
-    await sink.write(b"a")
-    await sink.write(b"b")
+    await sink.write(piece(b"a"))
+    await sink.write(piece(b"b"))
     statistics = stream.statistics()
     assert (statistics.current_buffer_used, statistics.max_buffer_size) == (2, 3)
 
@@ -115,8 +121,8 @@ async def test_the_stream_statistics_are_its_bounded_buffers() -> None:
 @pytest.mark.anyio
 async def test_a_complete_stream_ends_its_iteration_after_the_last_bytes() -> None:
     sink, stream = Session().entry(0)
-    await sink.write(b"ftyp")
-    await sink.write(b"moov")
+    await sink.write(piece(b"ftyp"))
+    await sink.write(piece(b"moov"))
     end_complete(sink)
     assert [data async for data in stream] == [b"ftyp", b"moov"]
     with pytest.raises(StopAsyncIteration):
@@ -128,7 +134,7 @@ async def test_a_stream_that_ends_incomplete_raises_the_sessions_original_error_
     session = Session()
     sink, stream = session.entry(0)
     error = OSError("disk full")
-    await sink.write(b"part")
+    await sink.write(piece(b"part"))
     session.failure.record(error)
     sink.close()
     got = []
@@ -162,7 +168,7 @@ async def test_a_stream_that_ends_incomplete_without_an_error_says_the_session_w
 async def test_a_complete_stream_ends_quietly_though_the_session_failed_afterwards() -> None:
     session = Session()
     sink, stream = session.entry(0)
-    await sink.write(b"whole")
+    await sink.write(piece(b"whole"))
     sink.complete()
     session.failure.record(OSError("another entry's disk is full"))
     sink.close()
@@ -196,9 +202,9 @@ async def test_closing_the_stream_fails_its_writer_and_its_reads() -> None:
     await stream.aclose()
     gone = "the reader of entry 3's stream closed it before the MP4 was complete"
     with pytest.raises(SessionClosedError, match=gone):
-        await sink.write(b"moof")
+        await sink.write(piece(b"moof"))
     with pytest.raises(SessionClosedError, match=gone):
-        sink.offer(b"moof")
+        sink.offer(piece(b"moof"))
     with pytest.raises(SessionClosedError, match="aborted before entry 3's MP4 was complete"):
         await anext(stream)
 
@@ -206,12 +212,12 @@ async def test_closing_the_stream_fails_its_writer_and_its_reads() -> None:
 @pytest.mark.anyio
 async def test_closing_the_stream_releases_a_writer_waiting_on_its_full_buffer() -> None:
     sink, stream = Session().entry(0, max_buffered=1)
-    await sink.write(b"first")
+    await sink.write(piece(b"first"))
     refused = anyio.Event()
 
     async def writer() -> None:
         with pytest.raises(SessionClosedError, match="closed it before the MP4 was complete"):
-            await sink.write(b"second")
+            await sink.write(piece(b"second"))
         refused.set()
 
     with anyio.fail_after(HANG_GUARD):  # hang guard
@@ -225,13 +231,13 @@ async def test_closing_the_stream_releases_a_writer_waiting_on_its_full_buffer()
 @pytest.mark.anyio
 async def test_a_writer_waits_while_the_stream_is_full_and_goes_on_once_it_is_read() -> None:
     sink, stream = Session().entry(0, max_buffered=1)
-    await sink.write(b"first")
-    assert not sink.offer(b"second")  # full: nothing taken, the caller writes it later
+    await sink.write(piece(b"first"))
+    assert not sink.offer(piece(b"second"))  # full: nothing taken, the caller writes it later
     assert stream.statistics().current_buffer_used == 1
     written = anyio.Event()
 
     async def writer() -> None:
-        await sink.write(b"second")
+        await sink.write(piece(b"second"))
         written.set()
 
     with anyio.fail_after(HANG_GUARD):  # hang guard
@@ -262,7 +268,7 @@ async def test_a_second_reader_meanwhile_gets_busy_resource_error() -> None:
             with pytest.raises(anyio.BusyResourceError):
                 async for _ in read_entries([stream]):
                     pass
-            await sink.write(b"moof")
+            await sink.write(piece(b"moof"))
     assert got == [b"moof"]
 
 
@@ -270,7 +276,7 @@ async def test_a_second_reader_meanwhile_gets_busy_resource_error() -> None:
 async def test_readers_may_take_turns_on_a_stream_one_after_another() -> None:
     sink, stream = Session().entry(0)
     for data in (b"a", b"b"):
-        await sink.write(data)
+        await sink.write(piece(data))
     got: list[bytes] = []
 
     async def read_one() -> None:
@@ -295,7 +301,7 @@ async def test_a_stream_counts_as_read_from_the_moment_a_reader_waits_on_it() ->
             tasks.start_soon(reader)
             await anyio.wait_all_tasks_blocked()
             assert stream.read_started  # before any byte came
-            await sink.write(b"moof")
+            await sink.write(piece(b"moof"))
     assert stream.read_started  # and after the reader left
 
 
@@ -317,10 +323,10 @@ async def test_read_entries_yields_each_piece_as_it_arrives_whichever_entry_it_b
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(reader)
             for entry, data in [(1, b"a"), (0, b"b"), (0, b"c"), (1, b"d")]:
-                await sinks[entry].write(data)
+                await sinks[entry].write(piece(data))
                 assert await got_receive.receive() == (entry, data)
             end_complete(sinks[0])
-            await sinks[1].write(b"e")  # an entry still gets bytes after another is complete
+            await sinks[1].write(piece(b"e"))  # an entry still gets bytes after another is complete
             assert await got_receive.receive() == (1, b"e")
             end_complete(sinks[1])
             with pytest.raises(anyio.EndOfStream):
@@ -332,7 +338,7 @@ async def test_read_entries_takes_turns_between_entries_with_bytes_waiting() -> 
     session = Session()
     sinks, streams = zip(*(session.entry(entry) for entry in range(2)), strict=True)
     for entry, data in [(0, b"a"), (0, b"b"), (1, b"x"), (0, b"c")]:
-        await sinks[entry].write(data)
+        await sinks[entry].write(piece(data))
     for sink in sinks:
         end_complete(sink)
     got = [item async for item in read_entries(streams)]
@@ -343,9 +349,9 @@ async def test_read_entries_takes_turns_between_entries_with_bytes_waiting() -> 
 async def test_read_entries_raises_the_sessions_original_error_after_the_bytes_before_it() -> None:
     session = Session()
     (whole, whole_stream), (cut, cut_stream) = session.entry(0), session.entry(1)
-    await whole.write(b"whole")
+    await whole.write(piece(b"whole"))
     end_complete(whole)
-    await cut.write(b"part")
+    await cut.write(piece(b"part"))
     error = OSError("disk full")
     session.failure.record(error)
     cut.close()
@@ -416,9 +422,9 @@ class StoppedPipeline:
         queues = [anyio.create_memory_object_stream[int](1) for _ in range(2)]
         self.entry_queues = [receive for _, receive in queues]
         if unread_stream_was_read:
-            await self.sinks[1].write(b"earlier")
+            await self.sinks[1].write(piece(b"earlier"))
             assert await anext(self.streams[1]) == b"earlier"
-        await self.sinks[1].write(b"fills it")
+        await self.sinks[1].write(piece(b"fills it"))
         queues[1][0].send_nowait(0)  # entry 1's encoder takes no lease while it waits on its stream
         tasks.start_soon(self._read_entry_0)
         tasks.start_soon(self.entry_queues[0].receive)  # entry 0's encoder waits for a lease
@@ -438,7 +444,7 @@ class StoppedPipeline:
     async def _encode_entry_1(self) -> None:
         # Released with SessionClosedError once the failed session ends its streams.
         with contextlib.suppress(SessionClosedError):
-            await self.sinks[1].write(b"waits")
+            await self.sinks[1].write(piece(b"waits"))
 
     def fail(self, error: BaseException) -> None:
         """What failing the session does to its sinks: record the error, end every stream."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from streamvae._decode import decode_to_mp4, stream_mp4
     from streamvae._errors import RingAbortedError, SessionClosedError, StreamVAEError, UnreadStreamError
+    from streamvae._fragments import MP4Piece
     from streamvae._latent_stream import LatentStream, LatentStreamStatistics, open_latent_stream
     from streamvae._options import SessionKeywords, SessionOptions
     from streamvae._pipeline import StageSpan
@@ -34,6 +35,7 @@ _HOMES = {
     "LatentStream": "_latent_stream",
     "LatentStreamStatistics": "_latent_stream",
     "MP4ByteStream": "_sinks",
+    "MP4Piece": "_fragments",
     "PerChannelRange": "_quantize",
     "PinnedChunkRing": "_transfer",
     "RingAbortedError": "_errors",
@@ -62,6 +64,7 @@ __all__ = [
     "LatentStream",
     "LatentStreamStatistics",
     "MP4ByteStream",
+    "MP4Piece",
     "PerChannelRange",
     "PinnedChunkRing",
     "RingAbortedError",

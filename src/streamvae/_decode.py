@@ -76,6 +76,7 @@ async def decode_to_mp4(
         return []
     checked = resolve_options(owner, options, session_options, **_defaults(decoder))
     checked.check_batch(z.shape[0], owner=owner)
+    _check_live_audio(checked, on_session, owner)
     async with ChunkedVideoMP4Session(options=checked) as session:
         if on_session is not None:
             on_session(session)
@@ -120,7 +121,19 @@ def stream_mp4(
     defaults = {**_defaults(decoder), "output": "fragmented"}
     checked = resolve_options(owner, options, session_options, **defaults)
     checked.check_batch(z.shape[0], owner=owner)
+    _check_live_audio(checked, on_session, owner)
     return _streamed(decoder, z, checked_limiter, on_session, max_buffered, checked)
+
+
+def _check_live_audio(options: SessionOptions, on_session: object, owner: str) -> None:
+    """A ValueError, before any work, for a live audio track nobody can feed: its samples come from the
+    session's ``push_audio``, which only ``on_session`` reaches here (else the video would fail at its end
+    for a soundtrack of 0 s)."""
+    if options.audio_channels is not None and on_session is None:
+        raise ValueError(
+            f"{owner}: audio_channels is a live audio track, fed by the session's push_audio(): pass "
+            "on_session= to push its samples, or give the whole sound as audio_waveforms="
+        )
 
 
 @asynccontextmanager

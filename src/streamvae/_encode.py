@@ -4,7 +4,9 @@ An :class:`EntryEncoder` is driven from a worker thread, a call or two per trans
 output: its first frame alone, which closes the previous group's fragment, then the rest). It never crosses
 into the event loop: the bytes the muxer writes are collected in memory and handed back as the return
 value of :meth:`EntryEncoder.encode` / :meth:`EntryEncoder.finish`, between frames — PyAV swallows a
-``BaseException`` raised inside a ``write()`` callback and would "complete" a truncated file.
+``BaseException`` raised inside a ``write()`` callback and would "complete" a truncated file. They come
+back as :class:`MP4Piece` (whole fragments that know their frames, cut here once, in the worker thread),
+which every consumer downstream takes as they are.
 
 The container is opened here, so its muxer options and I/O are here too; what the codec is opened with
 (defaults, checks, ``video_codec="auto"``) is ``_codec_options``'.
@@ -30,7 +32,8 @@ from streamvae._codec_options import (
     auto_video_codec,
     merge_codec_options,
 )
-from streamvae._fragments import FragmentCounter
+from streamvae._fragments import FragmentCutter, MP4Piece
+from streamvae._live_audio import LiveAudioTrack, samples_for_frames
 from streamvae._output_file import OutputFile
 from streamvae._quantize import PixelFormat
 
@@ -124,14 +127,20 @@ class EntryEncoder:
 
     Frames arrive as uint8 arrays, ``[T, H, W, 3]`` (rgb24, converted to BT.709 yuv420p by swscale) or
     ``[T, H * 3 // 2, W]`` (planar yuv420p, BT.709 limited range, used as is). The container opens with the
-    first frames and is always closed, by :meth:`finish` or :meth:`close`. Audio, when given, is muxed
-    interleaved with the video as frames arrive, trimmed or padded with silence to the video's duration,
-    both tracks starting at 0. With ``file``, the MP4 is also written to that path, which holds either
-    the complete file (after :meth:`finish`) or what it held before (see :class:`OutputFile`).
+    first frames and is always closed, by :meth:`finish` or :meth:`close`. Audio — a whole waveform
+    (``audio``) or a live track its pushes fill as the video goes (``live_audio``) — is one AAC stream
+    muxed interleaved with the video as frames arrive, up to the video's time and never ahead of it, both
+    tracks starting at 0; at :meth:`finish` it is trimmed or padded with silence to the video's duration
+    (a session checks first that a live track is within one frame of it). With ``file``, the MP4 is also
+    written to that path, which holds either the complete file (after :meth:`finish`) or what it held
+    before (see :class:`OutputFile`).
 
-    Fragmented output closes a fragment every ``fragment_frames`` frames, whatever the keyframes; the muxer
-    writes it when the next packet arrives, so the bytes :meth:`encode` returns hold every frame before
-    the first one it was given. :attr:`frames_out` counts the frames the returned bytes hold.
+    :meth:`encode` and :meth:`finish` return the output as :class:`MP4Piece`: for fragmented output a
+    piece per fragment as the muxer writes it (then the ``mfra``); a plain MP4 is one piece at
+    :meth:`finish`. Fragmented output closes a fragment every ``fragment_frames`` frames, whatever the
+    keyframes; the muxer writes it when the next packet arrives, so the pieces :meth:`encode` returns hold
+    every frame before the first one it was given. :attr:`frames_out` counts the frames the returned
+    pieces hold.
 
     ``video_codec="auto"``: h264_nvenc if :func:`auto_video_codec` found it working, else (or if this
     encoder's NVENC open fails) libx264, with codec-neutral options (:func:`auto_codec_options`).
@@ -149,6 +158,7 @@ class EntryEncoder:
         video_codec_options: Mapping[str, str] | None = None,
         audio: np.ndarray[Any, np.dtype[np.float32]] | None = None,
         audio_sample_rate: int | None = None,
+        live_audio: LiveAudioTrack | None = None,
         output: OutputKind = "mp4",
         keyframe_interval: int | None = None,
         fragment_frames: int = 1,
@@ -167,14 +177,21 @@ class EntryEncoder:
         self.encoder_name: str | None = None
         self.fragment_frames = fragment_frames
         self.file = Path(file) if file is not None else None
+        if audio is not None and live_audio is not None:
+            raise ValueError(
+                "EntryEncoder takes audio (a whole waveform) or live_audio (a live track), not both"
+            )
+        if (audio is not None or live_audio is not None) and audio_sample_rate is None:
+            raise ValueError("EntryEncoder: audio and live_audio need audio_sample_rate")
         self._audio = audio
+        self._live_audio = live_audio
         self._sample_rate = audio_sample_rate
         self._audio_sent = 0
         self.frames_encoded = 0
-        #: frames held by the bytes returned so far (a frame waits in the muxer until its fragment closes)
+        #: frames held by the pieces returned so far (a frame waits in the muxer until its fragment closes)
         self.frames_out = 0
         self.bytes_out = 0
-        self._fragments = FragmentCounter() if output == "fragmented" else None
+        self._cutter = FragmentCutter() if output == "fragmented" else None
         self._container: Any = None
         self._video: Any = None
         self._audio_stream: Any = None
@@ -259,14 +276,22 @@ class EntryEncoder:
         context.colorspace = context.color_primaries = context.color_trc = _BT709
         context.color_range = _LIMITED_RANGE
         self._video = video
-        if self._audio is not None:
-            layout = "mono" if self._audio.shape[0] == 1 else "stereo"
+        channels = self._audio_channels()
+        if channels is not None:
+            layout = "mono" if channels == 1 else "stereo"
             self._audio_stream = self._container.add_stream("aac", rate=self._sample_rate, layout=layout)
+
+    def _audio_channels(self) -> int | None:
+        if self._audio is not None:
+            return int(self._audio.shape[0])
+        if self._live_audio is not None:
+            return self._live_audio.channels
+        return None
 
     # -- encoding (worker thread) --
 
-    def encode(self, frames: np.ndarray[Any, Any]) -> bytes:
-        """Encode ``frames`` (see the class docstring) and return the output bytes ready to hand on."""
+    def encode(self, frames: np.ndarray[Any, Any]) -> list[MP4Piece]:
+        """Encode ``frames`` (see the class docstring) and return the pieces of output ready to hand on."""
         if self._closed:
             raise RuntimeError("EntryEncoder.encode() after finish() or close()")
         height, width = self.frame_size(frames.shape[1:])
@@ -312,25 +337,36 @@ class EntryEncoder:
     def _audio_samples_for(self, frames: int) -> int:
         if self._sample_rate is None:
             return 0
-        return int(Fraction(frames) / self.fps * self._sample_rate)
+        return samples_for_frames(frames, self.fps, self._sample_rate)
 
-    def _send_audio(self, until: int) -> None:
-        """Encode audio samples up to sample index ``until``, padding with silence past the waveform."""
-        if self._audio_stream is None or self._audio is None or until <= self._audio_sent:
+    def _send_audio(self, until: int, *, final: bool = False) -> None:
+        """Encode the audio after the samples sent so far, up to sample index ``until``: a waveform's
+        samples, silence past its end; a live track's samples as far as they have arrived (``final``: and
+        silence for any missing, since no more will come). Every call continues the one AAC stream."""
+        if self._audio_stream is None or until <= self._audio_sent:
             return
-        channels, available = self._audio.shape
-        start = self._audio_sent
-        piece = np.zeros((channels, until - start), dtype=np.float32)
-        if start < available:
-            real = self._audio[:, start:until]
-            piece[:, : real.shape[1]] = real
-        frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout="mono" if channels == 1 else "stereo")
+        start, wanted = self._audio_sent, until - self._audio_sent
+        if self._live_audio is not None:
+            piece = self._live_audio.take(wanted)
+            if final and piece.shape[1] < wanted:
+                piece = np.pad(piece, ((0, 0), (0, wanted - piece.shape[1])))
+            if not piece.shape[1]:
+                return  # nothing has arrived: the audio catches up at the next call
+        else:
+            assert self._audio is not None
+            available = self._audio.shape[1]
+            piece = np.zeros((self._audio.shape[0], wanted), dtype=np.float32)
+            if start < available:
+                real = self._audio[:, start:until]
+                piece[:, : real.shape[1]] = real
+        layout = "mono" if piece.shape[0] == 1 else "stereo"
+        frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout=layout)
         assert self._sample_rate is not None
         frame.sample_rate = self._sample_rate
         frame.pts = start
         frame.time_base = Fraction(1, self._sample_rate)
         self._mux(self._audio_stream.encode(frame))
-        self._audio_sent = until
+        self._audio_sent = start + piece.shape[1]
 
     def _mux_video(self, packets: list[Any]) -> None:
         # Every frame lasts one frame. x264 leaves the duration 0, and the muxer then writes a duration of 0
@@ -343,20 +379,23 @@ class EntryEncoder:
         if packets:
             self._container.mux(packets)
 
-    def _take_output(self) -> bytes:
+    def _take_output(self) -> list[MP4Piece]:
+        """The fragments the muxer has written whole since the last call (fragmented output)."""
         data = self._collector.take() if self._collector is not None else b""
         if data and self._file is not None:
             self._file.write(data)
-        if self._fragments is not None:
-            self._fragments.feed(data)
-            self.frames_out = self._fragments.samples
         self.bytes_out += len(data)
-        return data
+        if self._cutter is None or not data:
+            return []
+        pieces = self._cutter.feed(data)
+        self.frames_out = self._cutter.samples
+        return pieces
 
-    def finish(self) -> bytes:
-        """Flush the encoders, write the trailer and close; return the remaining output bytes.
+    def finish(self) -> list[MP4Piece]:
+        """Flush the encoders, write the trailer and close; return the remaining pieces of output.
 
-        For ``output="mp4"`` that is the whole file (it is only complete once the moov is written).
+        For ``output="mp4"`` that is one piece, the whole file (it is only complete once the moov is
+        written); for fragmented output the last fragments, then what follows them (the ``mfra``).
         """
         if self._closed:
             raise RuntimeError("EntryEncoder.finish() called twice")
@@ -365,7 +404,7 @@ class EntryEncoder:
         try:
             self._mux_video(self._video.encode(None))
             if self._audio_stream is not None:
-                self._send_audio(self._audio_samples_for(self.frames_encoded))
+                self._send_audio(self._audio_samples_for(self.frames_encoded), final=True)
                 self._mux(self._audio_stream.encode(None))
         finally:
             self._close_container()
@@ -375,12 +414,17 @@ class EntryEncoder:
                 self._file.write(data)
             self.bytes_out += len(data)
             self.frames_out = self.frames_encoded
+            pieces = [MP4Piece(data, self.frames_encoded, self.frames_encoded)]
         else:
-            data = self._take_output()
+            assert self._cutter is not None
+            pieces = self._take_output()
+            rest = self._cutter.rest()
+            if rest is not None:
+                pieces.append(rest)
         self._memory = self._collector = None  # handed over: keep no copy
         if self._file is not None:
             self._file.commit()  # the file appears at its path, complete, only now
-        return data
+        return pieces
 
     def close(self) -> None:
         """Close the container without finishing (abort); the output file's path keeps what it had before

@@ -15,9 +15,10 @@ import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal, Unpack
+from typing import Any, Literal, Unpack
 
 import anyio
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -209,6 +210,18 @@ class LatentStream:
         self._shape = shape
         self._pieces_pushed += 1
         self._latent_frames_pushed += z.shape[2]
+
+    def push_audio(self, waveform: Tensor | np.ndarray[Any, Any], *, entry: int = 0) -> None:
+        """Append ``waveform`` to entry ``entry``'s live audio track (``audio_channels``); returns at once.
+
+        What :meth:`streamvae.ChunkedVideoMP4Session.push_audio` does, and the same checks, errors and
+        contract, once the latent stream is finishing too (:class:`streamvae.SessionClosedError`). Sync:
+        push a piece's audio before :meth:`push_latents` of that piece, and every fragment holds audio
+        within one video frame of its video.
+        """
+        if self._phase != "open":
+            raise SessionClosedError(f"push_audio() on a latent stream that is {self._phase}")
+        self.session.push_audio(waveform, entry=entry)
 
     async def finish(self) -> list[bytes]:
         """Decode what is left, end the stream's state (pushing any chunk it held back), then finish the

@@ -7,9 +7,11 @@
 - **transfer**: copy each group into a slot of the host ring (non-blocking on CUDA), or plainly.
 - **land**: await the copy (an abandonable poll), read the NaN count that travelled with it, hand the
   slot to every entry's encoder.
-- **encode[entry]** (worker thread): PyAV encodes the entry's frames; its bytes go to the entry's sink;
-  the entry releases its reader of the slot. Fragmented output is handed on after a group's first frame
-  too: that frame's packet closes the fragment holding the previous group, which leaves at once.
+- **encode[entry]** (worker thread): PyAV encodes the entry's frames (and its live audio up to them);
+  its output, cut into whole fragments that know their frames (:class:`~streamvae.MP4Piece`), goes to
+  the entry's sink; the entry releases its reader of the slot. Fragmented output is handed on after a
+  group's first frame too: that frame's packet closes the fragment holding the previous group, which
+  leaves at once.
 
 Each stage is a task of one task group, joined to the next by a bounded memory-object stream, so a slow
 encoder backs up into the ring and finally into ``push``, never into unbounded memory. Work runs in worker
@@ -29,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -44,6 +46,8 @@ from streamvae._cuda import ready_event
 from streamvae._encode import EntryEncoder, open_entry_encoders
 from streamvae._errors import STREAM_ENDED, RingAbortedError
 from streamvae._failure import FailureRecord
+from streamvae._fragments import MP4Piece
+from streamvae._live_audio import LiveAudioTrack
 from streamvae._options import SessionOptions
 from streamvae._public import public
 from streamvae._quantize import ChunkQuantizer, PixelFormat
@@ -79,10 +83,11 @@ class StagePipeline:
     """The stages of one session, built from its first chunk: its pixel path, ring, encoders and sinks.
 
     ``streams`` are the entries' byte streams opened before the first chunk (the others keep their bytes
-    for :meth:`videos`); ``failure`` is the session's record, where each stage writes its first real
-    error. Run it with :meth:`run` in a task group, feed it with :meth:`send`, end its input with
-    :meth:`end_input` (it then finishes every MP4) or stop it with :meth:`abort`. :attr:`done` is set once
-    every stage has ended and the ring has let go of its slots.
+    for :meth:`videos`); ``live_audio`` the entries' live audio tracks (``audio_channels``), one per
+    entry; ``failure`` is the session's record, where each stage writes its first real error. Run it
+    with :meth:`run` in a task group, feed it with :meth:`send`, end its input with :meth:`end_input` (it
+    then finishes every MP4) or stop it with :meth:`abort`. :attr:`done` is set once every stage has
+    ended and the ring has let go of its slots.
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class StagePipeline:
         failure: FailureRecord,
         latency: LatencyRecorder,
         timeline: list[StageSpan] | None,
+        live_audio: Sequence[LiveAudioTrack] | None = None,
     ) -> None:
         batch, _, _, _, _ = first.shape
         auto: PixelFormat = "yuv420p" if first.is_cuda else "rgb24"
@@ -102,7 +108,7 @@ class StagePipeline:
         #: the ring of host slots (None with ``transfer_slots=0``: a plain blocking copy per group)
         self.ring = PinnedChunkRing(options.transfer_slots, first.device) if options.transfer_slots else None
         #: one encoder per batch entry, opened when the first group lands
-        self.encoders = [self._entry_encoder(options, entry) for entry in range(batch)]
+        self.encoders = [self._entry_encoder(options, entry, live_audio) for entry in range(batch)]
         self.done = anyio.Event()
         self._options = options
         self._sinks = [EntrySink(entry, streams.get(entry)) for entry in range(batch)]
@@ -120,7 +126,9 @@ class StagePipeline:
         # ready event is recorded where its frames were written (never on a caller's stream).
         self._quantize_stream = torch.cuda.Stream(first.device) if first.is_cuda else None
 
-    def _entry_encoder(self, options: SessionOptions, entry: int) -> EntryEncoder:
+    def _entry_encoder(
+        self, options: SessionOptions, entry: int, live_audio: Sequence[LiveAudioTrack] | None
+    ) -> EntryEncoder:
         waveforms, files = options.audio_waveforms, options.output_files
         return EntryEncoder(
             fps=options.fps,
@@ -129,6 +137,7 @@ class StagePipeline:
             video_codec_options=options.encoder_codec_options(),
             audio=None if waveforms is None else waveforms[entry],
             audio_sample_rate=options.audio_sample_rate,
+            live_audio=None if live_audio is None else live_audio[entry],
             output=options.output,
             keyframe_interval=options.keyframe_interval,
             fragment_frames=options.frames_per_fragment(),
@@ -404,7 +413,7 @@ class StagePipeline:
     ) -> None:
         encoder, sink = self.encoders[entry], self._sinks[entry]
 
-        async def encode(frames: Any) -> bytes:
+        async def encode(frames: Any) -> list[MP4Piece]:
             with self._span(f"encode[{entry}]"):
                 return await anyio.to_thread.run_sync(encoder.encode, frames, limiter=limiter)
 
@@ -413,26 +422,23 @@ class StagePipeline:
                 async for lease in leases:
                     try:
                         frames = lease.numpy()[entry]
-                        held = b""
+                        held: list[MP4Piece] = []
                         if self._options.output == "fragmented" and len(frames) > 1:
                             # The first frame's packet closes the previous group's fragment: hand it on
                             # before the rest, unless that would wait (never wait while holding the slot).
-                            held = await encode(frames[:1])
-                            if sink.offer(held):
-                                self._latency.handed_on(entry, encoder.frames_out)
-                                held = b""
+                            held = self._offer(entry, await encode(frames[:1]))
                             frames = frames[1:]
-                        data = held + await encode(frames)
+                        pieces = held + await encode(frames)
                         del frames
                     finally:
                         # Nothing reads the slot once encode() returned: rgb24 was converted into a
                         # frame PyAV owns, and yuv420p frames wrap the slot only for encoders that copy
                         # the picture inside encode() (x264, x265; EntryEncoder copies for others).
                         lease.release()
-                    await self._hand_on(entry, data)
+                    await self._hand_on(entry, pieces)
                 with self._span(f"encode[{entry}]"):
-                    data = await anyio.to_thread.run_sync(encoder.finish, limiter=limiter)
-                await self._hand_on(entry, data)
+                    pieces = await anyio.to_thread.run_sync(encoder.finish, limiter=limiter)
+                await self._hand_on(entry, pieces)
                 sink.complete()
         except Exception as error:
             # Record it before the cleanup below yields: neighbours ending meanwhile must find it.
@@ -443,11 +449,20 @@ class StagePipeline:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(encoder.close, limiter=limiter)
 
-    async def _hand_on(self, entry: int, data: bytes) -> None:
-        """Give ``data`` to the entry's sink and record the frames it holds as out (the latency numbers)."""
-        frames_out = self.encoders[entry].frames_out  # what ``data`` and the bytes before it hold
-        await self._sinks[entry].write(data)
-        self._latency.handed_on(entry, frames_out)
+    async def _hand_on(self, entry: int, pieces: list[MP4Piece]) -> None:
+        """Give ``pieces`` to the entry's sink, each piece's frames recorded as out once it is taken (the
+        latency numbers); waits while the entry's byte stream is full."""
+        for piece in pieces:
+            await self._sinks[entry].write(piece)
+            self._latency.handed_on(entry, piece.frames_until)
+
+    def _offer(self, entry: int, pieces: list[MP4Piece]) -> list[MP4Piece]:
+        """Give the entry's sink what of ``pieces`` it takes without a wait; the rest, to hand on later."""
+        for index, piece in enumerate(pieces):
+            if not self._sinks[entry].offer(piece):
+                return pieces[index:]
+            self._latency.handed_on(entry, piece.frames_until)
+        return []
 
     @contextlib.contextmanager
     def _span(self, stage: str) -> Iterator[None]:

@@ -9,7 +9,8 @@ one :class:`FailureRecord`: the first error of any stage or producer aborts ever
 ``finish``, the byte streams and leaving the ``async with`` raise that original exception. Leaving the
 block with an error or a cancellation aborts everything; no worker thread, slot or container outlives the
 block. The session calls down into the pipeline (send, end its input, abort) and reads what it exposes;
-the pipeline never calls back up.
+the pipeline never calls back up. With ``audio_channels`` it also holds each entry's live audio track
+(:class:`LiveAudio`), which ``push_audio`` fills from any thread and the pipeline's encoders drain.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Literal, Unpack
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,6 +31,7 @@ from streamvae._checks import check_chunk, check_int
 from streamvae._cuda import ready_event
 from streamvae._errors import STREAM_ENDED, SessionClosedError
 from streamvae._failure import FailureRecord
+from streamvae._live_audio import LiveAudio
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
 from streamvae._pipeline import StagePipeline, StageSpan
 from streamvae._public import public
@@ -70,6 +73,9 @@ class ChunkedVideoMP4Session:
         self._shape: tuple[int, int, int] | None = None  # batch, height, width of pushed chunks
         self._device: torch.device | None = None
         self._streams: dict[int, MP4ByteStream] = {}
+        channels, rate = self.options.audio_channels, self.options.audio_sample_rate
+        # Each entry's live audio track (audio_channels): pushes from any thread, drained by its encoder.
+        self._live_audio = LiveAudio(channels, rate) if channels is not None and rate is not None else None
         #: the exception (or cancellation) the block was left with before finish(), if any
         self._closed_by: BaseException | None = None
 
@@ -144,6 +150,8 @@ class ChunkedVideoMP4Session:
             self._closed_by = exc
             self.abort()
         self._state = "closed"
+        if self._live_audio is not None:
+            self._live_audio.close("closed")
         # The task group runs the pipeline and producers, which never raise: this waits for them to end.
         # The body's own exception is not handed to it (anyio would wrap it in a group): it propagates
         # unchanged when this method returns.
@@ -174,6 +182,37 @@ class ChunkedVideoMP4Session:
             )
         anyio.from_thread.run(self._push, chunk, _ready(chunk), "push_from_thread", token=self._token)
 
+    def push_audio(self, waveform: Tensor | np.ndarray[Any, Any], *, entry: int = 0) -> None:
+        """Append ``waveform`` to entry ``entry``'s live audio track (``audio_channels``); returns at once.
+
+        ``waveform``: finite float samples ``[channels, samples]`` (``[samples]`` for mono), a torch
+        tensor on any device or a numpy array, at ``audio_sample_rate``; it is copied, so the caller may
+        reuse its buffer. Synchronous and thread-safe: call it from the event loop or any thread, also
+        before the first :meth:`push` (the samples wait for the encoder). The entry's encoder encodes the
+        track as the video is encoded, up to the video's time as far as samples have arrived — never ahead
+        of the video; a lagging track catches up at the next encode — as one AAC stream (no gap or click
+        where pushes meet), and drops what it encoded from memory.
+
+        Sync: push a piece's audio before the chunks (or latents) of that piece, and every fragment of a
+        fragmented MP4 holds audio within one video frame of its video. The muxer interleaves the tracks
+        by time, so video whose audio has not come waits for it: a track that lags holds the video's
+        fragments back by as much (they leave once it catches up). At :meth:`finish` each track must last
+        as long as the video: within one video frame's samples it is padded with silence or trimmed;
+        further off, ``finish`` fails the session with a ValueError that says both durations.
+
+        Raises ValueError for a session without a live track, a waveform that is not finite float
+        samples with the session's channel count, or an ``entry`` outside the batch (known from the
+        first push; a push before it is checked then); the session's error once it has failed, and
+        :class:`streamvae.SessionClosedError` once :meth:`finish` was called or the session aborted.
+        """
+        if self._live_audio is None:
+            raise ValueError(
+                "push_audio: this session has no live audio track; pass audio_channels=1 or 2 (with "
+                "audio_sample_rate) to push sound as it is made, or audio_waveforms for whole waveforms"
+            )
+        self._failure.raise_if_failed()
+        self._live_audio.push(waveform, entry=entry, owner="push_audio")
+
     async def finish(self) -> list[bytes]:
         """Encode everything pushed, close each MP4 and return them, one ``bytes`` per batch entry."""
         if self._state == "new":
@@ -189,10 +228,19 @@ class ChunkedVideoMP4Session:
             self._fail_readers(error)  # raises it if readers wait
             raise error
         self._state = "finishing"
+        if self._live_audio is not None:
+            self._live_audio.close("finishing")  # every sample is in: the tracks' durations are known
+            try:
+                self._live_audio.check_durations(self.frames_pushed, self.options.fps, owner="finish")
+            except ValueError as error:
+                self.fail(error)
+                self._failure.raise_if_failed()  # raised here, so not again when the block ends
         await pipeline.end_input()
         await pipeline.done.wait()
         self._failure.raise_if_failed()
         self._state = "done"
+        if self._live_audio is not None:
+            self._live_audio.close("done")
         return pipeline.videos()
 
     def open_stream(self, entry: int = 0, *, max_buffered: int = 4) -> MP4ByteStream:
@@ -217,7 +265,7 @@ class ChunkedVideoMP4Session:
 
     def check_batch(self, batch: int, *, owner: str = "push") -> None:
         """Raise ValueError unless a batch of ``batch`` entries fits this session: a waveform and an output
-        file per entry, and every entry given to :meth:`open_stream` within the batch.
+        file per entry, and every entry given to :meth:`open_stream` or :meth:`push_audio` within the batch.
 
         :meth:`push` checks its first chunk with it; a producer that knows the batch before it has a chunk
         (a latent's shape) checks it first, so no decode step is spent on a session that cannot take it.
@@ -226,6 +274,8 @@ class ChunkedVideoMP4Session:
         """
         try:
             self.options.check_batch(batch, streamed=sorted(self._streams), owner=owner)
+            if self._live_audio is not None:
+                self._live_audio.check_batch(batch, owner=owner)
         except ValueError as error:
             self._fail_readers(error)
             raise
@@ -262,6 +312,8 @@ class ChunkedVideoMP4Session:
         What leaving the block before :meth:`finish` does. Readers of the byte streams that get no
         complete MP4 raise the recorded failure, or :class:`streamvae.SessionClosedError`.
         """
+        if self._live_audio is not None:
+            self._live_audio.close("aborted")
         if self._pipeline is not None:
             self._pipeline.abort()
         else:
@@ -326,6 +378,7 @@ class ChunkedVideoMP4Session:
         """Build the pipeline from the first chunk and start its stages."""
         assert self._task_group is not None
         batch, _, _, height, width = first.shape
+        tracks = None if self._live_audio is None else self._live_audio.start(batch)
         self._shape = (batch, height, width)
         self._device = first.device
         pipeline = StagePipeline(
@@ -335,6 +388,7 @@ class ChunkedVideoMP4Session:
             failure=self._failure,
             latency=self._latency,
             timeline=self.timeline,
+            live_audio=tracks,
         )
         self._pipeline = pipeline
         await self._task_group.start(pipeline.run)

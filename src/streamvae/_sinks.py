@@ -1,22 +1,25 @@
-"""Sinks: where an entry's MP4 bytes go once its encoder wrote them.
+"""Sinks: where an entry's MP4 pieces go once its encoder wrote them.
 
-Each batch entry has one :class:`EntrySink`: its bytes are kept in memory for ``finish()``, or handed to an
-:class:`MP4ByteStream` its reader iterates as they are written. (An output file is written by the entry's
-encoder itself, in its worker thread: see ``_output_file``.) The streams of a session share one pipeline,
-so they must be read at once: :func:`read_entries` does that from one task.
+Each batch entry has one :class:`EntrySink`: its pieces (:class:`streamvae.MP4Piece`, whole fragments
+with their frame counts) are kept in memory for ``finish()``, or handed to an :class:`MP4ByteStream` its
+reader iterates as they are written — as bytes, or as the pieces themselves. (An output file is written
+by the entry's encoder itself, in its worker thread: see ``_output_file``.) The streams of a session share
+one pipeline, so they must be read at once: :func:`read_entries` does that from one task.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectStreamStatistics
 
+from streamvae._checks import check_bool
 from streamvae._errors import SessionClosedError, UnreadStreamError
 from streamvae._failure import FailureRecord
+from streamvae._fragments import MP4Piece
 from streamvae._public import public
 
 __all__ = ["Arrivals", "EntrySink", "MP4ByteStream", "read_entries", "watch_readers"]
@@ -40,15 +43,21 @@ class Arrivals:
 class MP4ByteStream:
     """One entry's MP4 bytes as they are written; iterate it with ``async for``.
 
-    The buffer between the encoder and the reader is bounded: a slow reader holds up that entry's encoder,
-    then the ring and finally ``push``. The iteration ends after the last bytes; if the session failed, it
-    raises the session's error instead of ending quietly. Closing the stream (``aclose``) before the end
-    aborts the session — nobody is left to read the entry. One reader at a time: a second task iterating
-    the stream meanwhile gets ``anyio.BusyResourceError`` (each would get part of the bytes).
+    ``async for data in stream`` gives ``bytes``; ``async for piece in stream.pieces()`` gives the same
+    output as :class:`streamvae.MP4Piece` — whole fragments, each with the video frames it lets a player
+    show (what a WebSocket frame or a pacer needs), so nobody parses the MP4 again. Either way the
+    concatenation is the entry's MP4.
+
+    The buffer between the encoder and the reader is bounded (``max_buffered`` pieces): a slow reader
+    holds up that entry's encoder, then the ring and finally ``push``. The iteration ends after the last
+    bytes; if the session failed, it raises the session's error instead of ending quietly. Closing the
+    stream (``aclose``) before the end aborts the session — nobody is left to read the entry. One reader
+    at a time, whichever way it reads: a second task iterating the stream meanwhile gets
+    ``anyio.BusyResourceError`` (each would get part of the bytes).
     """
 
     def __init__(self, entry: int, max_buffered: int, failure: FailureRecord, arrivals: Arrivals) -> None:
-        self._send, self._receive = anyio.create_memory_object_stream[bytes](max_buffered)
+        self._send, self._receive = anyio.create_memory_object_stream[MP4Piece](max_buffered)
         self._failure = failure
         self._arrivals = arrivals
         self.entry = entry
@@ -61,6 +70,13 @@ class MP4ByteStream:
         return self
 
     async def __anext__(self) -> bytes:
+        return (await self._next_piece()).data
+
+    def pieces(self) -> AsyncIterator[MP4Piece]:
+        """The entry's output as :class:`streamvae.MP4Piece`, as written (the same one-reader rule)."""
+        return _Pieces(self)
+
+    async def _next_piece(self) -> MP4Piece:
         with self._claim():
             try:
                 return await self._receive.receive()
@@ -103,37 +119,50 @@ class MP4ByteStream:
         raise SessionClosedError(f"the session was aborted before entry {self.entry}'s MP4 was complete")
 
 
+class _Pieces:
+    """The iterator :meth:`MP4ByteStream.pieces` returns: each piece as the stream receives it."""
+
+    def __init__(self, stream: MP4ByteStream) -> None:
+        self._stream = stream
+
+    def __aiter__(self) -> _Pieces:
+        return self
+
+    async def __anext__(self) -> MP4Piece:
+        return await self._stream._next_piece()
+
+
 class EntrySink:
-    """Where one entry's MP4 bytes go: kept for ``finish``, or sent to its :class:`MP4ByteStream`."""
+    """Where one entry's MP4 pieces go: kept for ``finish``, or sent to its :class:`MP4ByteStream`."""
 
     def __init__(self, entry: int, stream: MP4ByteStream | None = None) -> None:
         self.entry = entry
         self.parts: list[bytes] = []
         self.stream = stream
 
-    async def write(self, data: bytes) -> None:
-        """Keep or send ``data``; waits while the stream's buffer is full (backpressure)."""
-        if not data:
+    async def write(self, piece: MP4Piece) -> None:
+        """Keep or send ``piece``; waits while the stream's buffer is full (backpressure)."""
+        if not piece.data:
             return
         if self.stream is None:
-            self.parts.append(data)
+            self.parts.append(piece.data)
             return
         try:
-            await self.stream._send.send(data)
+            await self.stream._send.send(piece)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise self._reader_gone() from None
         self.stream._arrivals.notify()
 
-    def offer(self, data: bytes) -> bool:
-        """Keep or send ``data`` if that needs no wait; False (nothing taken) while the stream's buffer
+    def offer(self, piece: MP4Piece) -> bool:
+        """Keep or send ``piece`` if that needs no wait; False (nothing taken) while the stream's buffer
         is full: the caller writes it later, when it holds nothing a wait could block others on."""
-        if not data:
+        if not piece.data:
             return True
         if self.stream is None:
-            self.parts.append(data)
+            self.parts.append(piece.data)
             return True
         try:
-            self.stream._send.send_nowait(data)
+            self.stream._send.send_nowait(piece)
         except anyio.WouldBlock:
             return False
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -161,8 +190,22 @@ class EntrySink:
         return b"".join(self.parts)
 
 
+@overload
+def read_entries(
+    streams: Sequence[MP4ByteStream], *, pieces: Literal[False] = False
+) -> AsyncIterator[tuple[int, bytes]]: ...
+
+
+@overload
+def read_entries(
+    streams: Sequence[MP4ByteStream], *, pieces: Literal[True]
+) -> AsyncIterator[tuple[int, MP4Piece]]: ...
+
+
 @public
-async def read_entries(streams: Sequence[MP4ByteStream]) -> AsyncIterator[tuple[int, bytes]]:
+async def read_entries(
+    streams: Sequence[MP4ByteStream], *, pieces: bool = False
+) -> AsyncIterator[tuple[int, bytes] | tuple[int, MP4Piece]]:
     """Every entry's MP4 bytes as ``(entry, data)``, in the order they are written, until all are complete.
 
     The way to read several entries from one task: ``async for entry, data in read_entries(streams)``. The
@@ -170,7 +213,10 @@ async def read_entries(streams: Sequence[MP4ByteStream]) -> AsyncIterator[tuple[
     entry's buffer fills (the session then fails with :class:`streamvae.UnreadStreamError`); this takes
     whatever any entry has. Raises the session's error if it failed, like iterating a stream does; while it
     runs, the streams are its own (another reader gets ``anyio.BusyResourceError``).
+
+    ``pieces=True`` yields ``(entry, piece)`` with each :class:`streamvae.MP4Piece` instead of its bytes.
     """
+    check_bool("pieces", pieces, owner="read_entries")
     streams = list(streams)
     if not streams or not all(isinstance(stream, MP4ByteStream) for stream in streams):
         raise TypeError("read_entries() takes a non-empty sequence of MP4ByteStream (from stream_mp4)")
@@ -186,14 +232,14 @@ async def read_entries(streams: Sequence[MP4ByteStream]) -> AsyncIterator[tuple[
             taken = False
             for stream in list(pending):
                 try:
-                    data = stream._receive.receive_nowait()
+                    piece = stream._receive.receive_nowait()
                 except anyio.WouldBlock:
                     continue
                 except (anyio.EndOfStream, anyio.ClosedResourceError):
                     stream._raise_end()
                     pending.remove(stream)
                 else:
-                    yield stream.entry, data
+                    yield (stream.entry, piece) if pieces else (stream.entry, piece.data)
                 taken = True
             if not taken:
                 await arrived.wait()

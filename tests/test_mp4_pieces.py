@@ -1,0 +1,237 @@
+"""MP4 pieces: the encoder's output as whole fragments that know their frames, handed on once to every
+reader. Checked against the boxes themselves and against PyAV decoding what a reader received."""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import av
+import numpy as np
+import pytest
+
+from streamvae import ChunkedVideoMP4Session, MP4Piece, read_entries
+from streamvae._fragments import FragmentCutter
+from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4, wan_like_chunks
+
+pytestmark = pytest.mark.anyio
+
+HANG_GUARD = 60  # seconds: turns a hang into a failure, never a speed check
+FRAGMENTED: dict[str, Any] = {
+    "value_range": (-1, 1),
+    "fps": 16,
+    "output": "fragmented",
+    "video_codec_options": DETERMINISTIC_X264,
+}
+CHUNKS = wan_like_chunks(5, height=32, width=32)  # 17 frames: 1, then 4 a latent frame
+FRAMES = sum(chunk.shape[2] for chunk in CHUNKS)
+
+
+def top_level_boxes(data: bytes) -> list[bytes]:
+    """The types of the top-level boxes ``data`` is made of; fails unless it is whole boxes exactly."""
+    kinds, start = [], 0
+    while start < len(data):
+        size, kind = struct.unpack_from(">I4s", data, start)
+        assert size >= 8, f"a box of {size} bytes at {start}"
+        kinds.append(kind)
+        start += size
+    assert start == len(data), "the last box runs past the piece"
+    return kinds
+
+
+def decoded_frames(data: bytes) -> int:
+    """Video frames PyAV decodes from the bytes of a fragmented MP4 received so far."""
+    with av.open(io.BytesIO(data)) as container:
+        return sum(1 for _ in container.decode(video=0))
+
+
+def joined(pieces: Sequence[MP4Piece]) -> bytes:
+    return b"".join(piece.data for piece in pieces)
+
+
+async def streamed_pieces(chunks: Sequence[Any] = CHUNKS, **options: Any) -> list[MP4Piece]:
+    """Entry 0's pieces, read with ``pieces()`` while the chunks are pushed."""
+    pieces: list[MP4Piece] = []
+    with anyio.fail_after(HANG_GUARD):
+        async with ChunkedVideoMP4Session(**{**FRAGMENTED, **options}) as session:
+            stream = session.open_stream(0)
+
+            async def produce() -> None:
+                for chunk in chunks:
+                    await session.push(chunk)
+                await session.finish()
+
+            session.start_producer(produce)
+            async for piece in stream.pieces():
+                pieces.append(piece)
+    return pieces
+
+
+async def test_a_fragmented_mp4_comes_as_whole_fragments_each_knowing_its_frames() -> None:
+    pieces = await streamed_pieces()
+    kinds = [top_level_boxes(piece.data) for piece in pieces]
+    assert kinds[0] == [b"ftyp", b"moov", b"moof", b"mdat"]  # the header travels with the first fragment
+    assert all(middle == [b"moof", b"mdat"] for middle in kinds[1:-1])
+    assert kinds[-1] == [b"mfra"] and pieces[-1].frames == 0
+    data = joined(pieces)
+    assert sum(piece.frames for piece in pieces) == read_mp4(data).frames.shape[0] == FRAMES
+    until = 0
+    for index, piece in enumerate(pieces):
+        until += piece.frames
+        assert piece.frames_until == until
+        # what a player that got these pieces so far shows: exactly frames_until frames
+        assert decoded_frames(joined(pieces[: index + 1])) == piece.frames_until
+
+
+async def test_fragment_frames_puts_several_frames_in_a_piece() -> None:
+    pieces = await streamed_pieces(fragment_frames=4)
+    assert [piece.frames for piece in pieces] == [4, 4, 4, 4, 1, 0]
+    assert decoded_frames(joined(pieces[:2])) == pieces[1].frames_until == 8
+
+
+async def test_the_bytes_of_a_stream_are_its_pieces_and_the_mp4_finish_gives() -> None:
+    pieces = await streamed_pieces()
+    with anyio.fail_after(HANG_GUARD):
+        async with ChunkedVideoMP4Session(**FRAGMENTED) as session:
+            stream = session.open_stream(0)
+
+            async def produce() -> None:
+                for chunk in CHUNKS:
+                    await session.push(chunk)
+                await session.finish()
+
+            session.start_producer(produce)
+            received = [data async for data in stream]
+        async with ChunkedVideoMP4Session(**FRAGMENTED) as session:
+            for chunk in CHUNKS:
+                await session.push(chunk)
+            (kept,) = await session.finish()
+    assert received == [piece.data for piece in pieces]  # a piece a byte-stream item
+    assert b"".join(received) == joined(pieces) == kept
+
+
+async def test_a_plain_mp4_is_one_piece_with_every_frame() -> None:
+    pieces = await streamed_pieces(output="mp4")
+    [piece] = pieces
+    assert piece.frames == piece.frames_until == FRAMES
+    assert read_mp4(piece.data).frames.shape[0] == FRAMES
+    assert top_level_boxes(piece.data)[:2] == [b"ftyp", b"moov"]  # faststart: the moov first
+
+
+async def test_an_audio_tracks_samples_are_not_frames() -> None:
+    rate = 16000
+    wave = np.sin(np.arange(FRAMES * rate // 16) / 10).astype(np.float32)
+    pieces = await streamed_pieces(audio_waveforms=[wave], audio_sample_rate=rate)
+    assert any(piece.frames == 0 for piece in pieces[:-1])  # fragments of audio alone
+    assert sum(piece.frames for piece in pieces) == read_mp4(joined(pieces)).frames.shape[0] == FRAMES
+    for index, piece in enumerate(pieces):
+        assert decoded_frames(joined(pieces[: index + 1])) == piece.frames_until
+
+
+async def test_read_entries_yields_every_entrys_pieces_with_pieces_true() -> None:
+    chunks = [moving_pattern(start, 4, batch=2, height=32, width=32) for start in range(0, 12, 4)]
+    got: dict[int, list[MP4Piece]] = {0: [], 1: []}
+    with anyio.fail_after(HANG_GUARD):
+        async with ChunkedVideoMP4Session(**FRAGMENTED) as session:
+            streams = [session.open_stream(0), session.open_stream(1)]
+
+            async def produce() -> None:
+                for chunk in chunks:
+                    await session.push(chunk)
+                await session.finish()
+
+            session.start_producer(produce)
+            async for entry, piece in read_entries(streams, pieces=True):
+                assert isinstance(piece, MP4Piece)
+                got[entry].append(piece)
+    for pieces in got.values():
+        video = read_mp4(joined(pieces))
+        assert video.frames.shape[0] == sum(piece.frames for piece in pieces) == 12
+        assert pieces[-1].frames_until == 12
+    assert joined(got[0]) != joined(got[1])  # each entry its own video
+
+
+async def test_read_entries_checks_its_pieces_argument() -> None:
+    async with ChunkedVideoMP4Session(**FRAGMENTED) as session:
+        stream = session.open_stream(0)
+        with pytest.raises(ValueError, match="read_entries: pieces must be True or False, got 1"):
+            async for _ in read_entries([stream], pieces=1):  # type: ignore[call-overload]
+                pass
+        session.abort()
+
+
+async def test_pieces_and_bytes_share_the_one_reader_rule() -> None:
+    with anyio.fail_after(HANG_GUARD):
+        async with ChunkedVideoMP4Session(**FRAGMENTED) as session:
+            stream = session.open_stream(0)
+            got: list[MP4Piece] = []
+
+            async def read_pieces() -> None:
+                async for piece in stream.pieces():
+                    got.append(piece)
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(read_pieces)
+                await anyio.wait_all_tasks_blocked()  # the pieces reader waits for the first piece
+                with pytest.raises(anyio.BusyResourceError):
+                    await anext(stream)
+                for chunk in CHUNKS:
+                    await session.push(chunk)
+                await session.finish()
+    assert sum(piece.frames for piece in got) == FRAMES
+
+
+# -- the cutter itself --
+
+
+def box(kind: bytes, body: bytes = b"") -> bytes:
+    return struct.pack(">I4s", 8 + len(body), kind) + body
+
+
+def large_box(kind: bytes, body: bytes) -> bytes:
+    """A box with a 64-bit size (size field 1)."""
+    return struct.pack(">I4sQ", 1, kind, 16 + len(body)) + body
+
+
+def moof(samples: dict[int, int]) -> bytes:
+    """A moof with one traf per track, each listing ``samples[track]`` samples in one trun."""
+    trafs = b"".join(
+        box(b"traf", box(b"tfhd", struct.pack(">II", 0, track)) + box(b"trun", struct.pack(">II", 0, count)))
+        for track, count in samples.items()
+    )
+    return box(b"moof", box(b"mfhd", struct.pack(">II", 0, 1)) + trafs)
+
+
+def test_the_cutter_cuts_after_each_mdat_and_counts_the_video_track_only() -> None:
+    head = box(b"ftyp", b"isom") + box(b"moov", b"x" * 20)
+    first = moof({1: 2, 2: 7}) + box(b"mdat", b"v" * 30)
+    audio_only = moof({2: 5}) + large_box(b"mdat", b"a" * 10)
+    second = moof({1: 3}) + box(b"mdat", b"w" * 5)
+    data = head + first + audio_only + second + box(b"mfra", b"r")
+    for step in (1, 3, len(data)):
+        cutter = FragmentCutter()
+        pieces = [p for start in range(0, len(data), step) for p in cutter.feed(data[start : start + step])]
+        assert [p.data for p in pieces] == [head + first, audio_only, second]
+        assert [(p.frames, p.frames_until) for p in pieces] == [(2, 2), (0, 2), (3, 5)]
+        assert (cutter.samples, cutter.fragments) == (5, 3)
+        assert cutter.rest() == MP4Piece(box(b"mfra", b"r"), 0, 5)
+        assert cutter.rest() is None  # nothing is left twice
+
+
+def test_a_box_that_runs_to_the_end_of_the_file_is_the_rest() -> None:
+    cutter = FragmentCutter()
+    assert cutter.feed(struct.pack(">I4s", 0, b"free") + b"tail") == []
+    rest = cutter.rest()
+    assert rest is not None and rest.data.endswith(b"tail") and rest.frames == 0
+
+
+def test_a_box_smaller_than_its_header_is_no_mp4() -> None:
+    cutter = FragmentCutter()
+    cutter.feed(box(b"ftyp", b"isom"))
+    with pytest.raises(
+        ValueError, match="FragmentCutter.feed: the box at byte 12 of the file claims 4 bytes"
+    ):
+        cutter.feed(struct.pack(">I4s", 4, b"moof"))
