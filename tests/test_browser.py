@@ -20,12 +20,11 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-import anyio
 import av
 import httpx
 import pytest
 
-from streamvae.server import create_app, demo_generator
+from streamvae.server import create_app
 from tests._server import EventLog, running_server
 
 pytestmark = pytest.mark.browser
@@ -266,28 +265,23 @@ new Promise((resolve, reject) => {
 """
 
 
-def _slow_generator(delay: float) -> Any:
-    """The demo stand-in, waiting ``delay`` seconds before each latent step as a slow model would."""
-    inner = demo_generator()
-
-    def generate(start: dict[str, Any]) -> Any:
-        async def steps() -> Any:
-            async for piece in inner(start):
-                await anyio.sleep(delay)
-                yield piece
-
-        return steps()
-
-    return generate
-
-
-def test_chromium_plays_the_websocket_stream_while_it_is_generated(chromium: str) -> None:
-    app = create_app(generator=_slow_generator(WS_STEP_DELAY))
-    query = f"transport=ws&frames={WS_FRAMES}&size={WS_SIZE}&seed=0"
+def test_chromium_plays_the_websocket_stream_with_sound_while_it_is_steered(chromium: str) -> None:
+    app = create_app()
+    query = f"transport=ws&frames={WS_FRAMES}&size={WS_SIZE}&seed=0&delay={WS_STEP_DELAY}&audio=1"
     with running_server(app) as url, page_at(chromium, f"{url}/?{query}") as devtools:
         playing = devtools.evaluate(WAIT_FOR_WS_PLAYBACK)
+        event_id = devtools.evaluate('window.streamvaeSteer("a red fox", 0)')  # the page's prompt box
         state = devtools.evaluate(WAIT_FOR_END)
         page_state = devtools.evaluate("window.streamvaeState")
+        heard = devtools.evaluate('document.getElementById("video").webkitAudioDecodedByteCount')
+    # Steered while it played: the interaction was queued and a later piece showed it.
+    (steered,) = page_state["steered"]
+    assert event_id == steered["eventId"] == "p1" and steered["queued"]
+    assert steered["shownMs"] is not None and steered["shownMs"] > 0
+    assert 0 < steered["frame"] < WS_FRAMES and page_state["errors"] == []
+    # It played with sound: the Media Source buffer took AAC beside H.264, and chromium decoded it.
+    assert page_state["audio"] and page_state["codecs"].endswith("mp4a.40.2")
+    assert heard > 0
     # The position moved while the server was still generating: session.done had not come yet.
     assert playing["position"] > 0 and not playing["done"]
     assert playing["chunks"] >= 1

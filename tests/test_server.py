@@ -276,6 +276,7 @@ async def test_the_page_has_a_video_element_and_a_form() -> None:
         "active": 0,
         "queued": 0,
         "completed": 0,
+        "stopped": 0,
         "disconnected": 0,
         "stalled": 0,
         "failed": 0,
@@ -288,6 +289,7 @@ async def test_the_page_has_a_video_element_and_a_form() -> None:
             "chunk_latency_median": None,
             "chunk_latency_max": None,
         },
+        "control_to_photon_seconds": {"median": None, "max": None, "interactions": 0},
     }
 
 

@@ -257,12 +257,18 @@ async def test_a_session_sends_every_fragment_with_its_metadata_then_done(vae: A
     for meta, _ in pieces:
         shown += meta["num_frames"]
         assert meta["generation_chunk_index"] == wan_step_of(shown - 1)
+        # No interaction: every piece says so, with empty lists.
+        assert meta["started_event_ids"] == meta["active_event_ids"] == meta["completed_event_ids"] == []
+    statistics = done.pop("statistics")
     assert done == {
         "type": "session.done",
         "request_id": start["request_id"],
         "chunks": len(pieces),
         "stopped": False,
     }
+    # The session's own numbers: every frame and byte sent, and no interaction to time.
+    assert statistics["frames_encoded"] == 9 and statistics["bytes_out"] == len(video)
+    assert statistics["control_to_photon_seconds"] == []
     decoded = read_mp4(video)
     assert decoded.frames.shape == (9, 32, 48, 3) and decoded.fps == 16  # the session's fps, not the client's
     latent = demo_latent(9, 48, 3)[..., :4, :6]
@@ -322,6 +328,7 @@ async def test_stop_ends_the_generation_and_done_counts_the_chunks_sent(vae: Any
         done = await receive_other(client, pieces)
         assert await client.closed() == 1000
     chunks = 1 + len(pieces)  # those sent before the stop: the frames of the two steps, 4 at most
+    assert done.pop("statistics")["control_to_photon_seconds"] == []
     assert done == {
         "type": "session.done",
         "request_id": start["request_id"],
@@ -347,7 +354,11 @@ async def test_no_start_within_the_start_timeout_is_an_error(vae: Any, no_leaks:
     async with connect(app_of(vae, start_timeout=0.05)) as client:
         error = await client.receive_json()
         assert await client.closed() == 1008
-    assert error == {"type": "error", "message": "no session.start within 0.05 s of connecting"}
+    assert error == {
+        "type": "error",
+        "code": "start_timeout",
+        "message": "no session.start within 0.05 s of connecting",
+    }
 
 
 @pytest.mark.anyio
@@ -357,7 +368,8 @@ async def test_a_client_that_stalls_gets_an_error_and_its_generation_ends(vae: A
         await start_and_receive_a_piece(client)
         error = await receive_other(client, [])
         assert await client.closed() == 1008
-    assert error["type"] == "error" and error["message"].startswith("stall timeout")
+    assert error["type"] == "error" and error["code"] == "stall_timeout"
+    assert error["message"].startswith("stall timeout")
     assert steps.closed
 
 
@@ -401,6 +413,8 @@ async def test_a_start_that_is_not_valid_is_an_error_and_the_connection_closes(
         answer = await client.receive_json()
         assert await client.closed() == code
     assert answer["type"] == "error" and error in answer["message"], answer
+    malformed = "JSON" in error or "over the limit" in error  # not a message at all
+    assert answer["code"] == ("invalid_message" if malformed else "invalid_start"), answer
 
 
 @pytest.mark.anyio
@@ -409,19 +423,24 @@ async def test_a_control_message_that_is_not_valid_is_an_error_and_the_session_g
 ) -> None:
     steps = GatedSteps(free=2)
     bad = [
-        ("not json", "a control message is not valid JSON"),
-        ('"session.stop"', "a control message must be a JSON object, got str"),
-        ('{"type": "session.pause"}', "unknown message type 'session.pause' (expected session.ping or"),
-        ('{"type": "session.start"}', "session.start: this session has started already"),
-        (" " * (MAX_CONTROL_BYTES + 1), f"over the limit of {MAX_CONTROL_BYTES} bytes"),
+        ("not json", "invalid_message", "a control message is not valid JSON"),
+        ('"session.stop"', "invalid_message", "a control message must be a JSON object, got str"),
+        (
+            '{"type": "session.pause"}',
+            "unknown_type",
+            "unknown message type 'session.pause' (expected session.interaction, session.ping or",
+        ),
+        ('{"type": "session.start"}', "already_started", "session.start: this session has started already"),
+        (" " * (MAX_CONTROL_BYTES + 1), "invalid_message", f"over the limit of {MAX_CONTROL_BYTES} bytes"),
     ]
     async with connect(app_of(vae, generator=steps)) as client:
         await start_and_receive_a_piece(client)
         pieces: Pieces = []
-        for text, error in bad:
+        for text, code, error in bad:
             await client.send_text(text)
             answer = await receive_other(client, pieces)
-            assert answer["type"] == "error" and error in answer["message"], answer
+            assert answer["type"] == "error" and answer["code"] == code, answer
+            assert error in answer["message"], answer
         await client.send_json({"type": "session.stop"})
         done = await receive_other(client, pieces)
     assert done["type"] == "session.done" and done["stopped"] is True
@@ -530,6 +549,33 @@ async def test_the_demo_app_serves_the_protocol_with_the_users_generator(vae: An
         create_app(vae=vae, generator=3)  # type: ignore[arg-type]
 
 
+async def knock(app: ASGIApp, extensions: dict[str, Any]) -> list[Message]:
+    """What the app sends a connection it is offered, whose client says nothing after connecting."""
+    scope = {
+        "type": "websocket",
+        "path": PATH,
+        "headers": [],
+        "query_string": b"",
+        "subprotocols": [],
+        "extensions": extensions,
+    }
+    sent: list[Message] = []
+    incoming = [{"type": "websocket.connect"}]
+
+    async def receive() -> Message:
+        if incoming:
+            return incoming.pop()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    with anyio.fail_after(HANG):  # hang guard
+        await app(scope, receive, send)
+    return sent
+
+
 @pytest.mark.anyio
 async def test_websocket_sessions_take_the_apps_decode_slots_and_one_beyond_them_is_refused(
     vae: Any, no_leaks: None
@@ -547,19 +593,34 @@ async def test_websocket_sessions_take_the_apps_decode_slots_and_one_beyond_them
         await client.send_json({"type": "session.start", "format": "m4s"})
         await client.receive_json()  # video.start: the session has its slot
         assert app.state.stats.active == 1
-        scope = {"type": "websocket", "path": PATH, "headers": [], "query_string": b"", "subprotocols": []}
-        sent: list[Message] = []
-
-        async def receive() -> Message:
-            return {"type": "websocket.connect"}
-
-        async def send(message: Message) -> None:
-            sent.append(message)
-
-        with anyio.fail_after(HANG):  # hang guard
-            await app(scope, receive, send)
-        assert sent == [{"type": "websocket.close", "code": 1013, "reason": ""}]  # refused, never accepted
-        assert app.state.stats.rejected == 1
+        # A server with the WebSocket Denial Response extension (uvicorn) sends a 503 the client can read.
+        extensions = {"websocket.http.response": {}}
+        assert await knock(app, extensions) == [
+            {
+                "type": "websocket.http.response.start",
+                "status": 503,
+                "headers": [
+                    (b"retry-after", b"5"),
+                    (b"content-length", b"62"),
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                ],
+            },
+            {
+                "type": "websocket.http.response.body",
+                "body": b"busy: every decode slot and queue place is taken, retry later\n",
+            },
+        ]
+        # Without it: accepted, told why in an error, and closed with 1013 (try again later).
+        accepted, told, closed = await knock(app, {})
+        assert accepted == {"type": "websocket.accept", "subprotocol": None, "headers": []}
+        assert json.loads(told["text"]) == {
+            "type": "error",
+            "code": "busy",
+            "message": "busy: every decode slot and queue place is taken, retry later",
+            "retry_after": 5,
+        }
+        assert closed == {"type": "websocket.close", "code": 1013, "reason": ""}
+        assert app.state.stats.rejected == 2
         release.set()
         pieces, done = await receive_until_done(client)
     assert pieces and done["stopped"] is False

@@ -67,6 +67,10 @@ class SessionOptions:
     - ``audio_waveforms``: one waveform per batch entry (``None`` for an entry without audio), finite float
       ``[samples]`` or ``[channels, samples]``, resampled by nobody: give ``audio_sample_rate``. Each track
       is trimmed or padded with silence to the video's duration.
+    - ``audio_channels``: 1 (mono) or 2 (stereo) for a live audio track per entry, at ``audio_sample_rate``
+      (required with it), whose samples come from :meth:`ChunkedVideoMP4Session.push_audio` as they are
+      made (a real-time generator's sound); exclusive with ``audio_waveforms``. At ``finish`` a track
+      within one video frame of the video's duration is padded or trimmed to it; further off is an error.
     - ``batch_frames``: frames per host transfer; pushed chunks are regrouped to this size (the last group
       may be smaller).
     - ``crop``: ``(height, width)`` to keep from the top-left of each frame, e.g. to trim a decoder's padding.
@@ -113,6 +117,7 @@ class SessionOptions:
     fps: Fraction
     audio_waveforms: tuple[Waveform | None, ...] | None = None
     audio_sample_rate: int | None = None
+    audio_channels: int | None = None
     batch_frames: int = 1
     crop: tuple[int, int] | None = None
     transfer_slots: int = 2
@@ -151,7 +156,9 @@ class SessionOptions:
             check_int("fragment_frames", self.fragment_frames, minimum=1)
             if self.output != "fragmented":
                 raise ValueError("fragment_frames applies to output='fragmented' only (a plain MP4 has none)")
-        if self.audio_waveforms is not None:
+        if self.audio_channels is not None:
+            _check_live_audio(self.audio_channels, self.audio_sample_rate, self.audio_waveforms)
+        elif self.audio_waveforms is not None:
             fix("audio_waveforms", _check_audio(self.audio_waveforms, self.audio_sample_rate))
         elif self.audio_sample_rate is not None:
             check_int("audio_sample_rate", self.audio_sample_rate, minimum=1)
@@ -248,6 +255,19 @@ def _check_audio(waveforms: object, sample_rate: object) -> tuple[Waveform | Non
     )
 
 
+def _check_live_audio(channels: object, sample_rate: object, waveforms: object) -> None:
+    if waveforms is not None:
+        raise ValueError(
+            "audio_channels and audio_waveforms exclude each other: audio_channels is a live track whose "
+            "samples come from push_audio(), audio_waveforms whole waveforms given up front; pass one"
+        )
+    if isinstance(channels, bool) or not isinstance(channels, int) or channels not in (1, 2):
+        raise ValueError(f"audio_channels must be 1 (mono) or 2 (stereo), got {channels!r}")
+    if sample_rate is None:
+        raise ValueError("audio_sample_rate must be a positive int when audio_channels is given, got None")
+    check_int("audio_sample_rate", sample_rate, minimum=1)
+
+
 @public
 class SessionKeywords(TypedDict, total=False):
     """The keywords of :class:`SessionOptions`, as entry points take them (``**options:
@@ -261,6 +281,7 @@ class SessionKeywords(TypedDict, total=False):
     fps: float | Fraction
     audio_waveforms: Sequence[Tensor | np.ndarray[Any, Any] | None] | None
     audio_sample_rate: int | None
+    audio_channels: int | None
     batch_frames: int
     crop: tuple[int, int] | None
     transfer_slots: int
@@ -352,3 +373,23 @@ def check_option_dict(
             hint = did_you_mean(key, OPTION_NAMES)
             raise ValueError(f"{owner}: {name} has {key!r}, not a SessionOptions keyword{hint}")
     return dict(value)
+
+
+def resolve_option_dict(
+    owner: str,
+    value: object,
+    *,
+    reserved: Sequence[str] = (),
+    given: Mapping[str, object] | None = None,
+    name: str = "session_options",
+    **defaults: object,
+) -> SessionOptions:
+    """The :class:`SessionOptions` of an entry point that takes them as one dict argument ``name`` (the
+    server's ``session_options``, the pipelines'): the one door from such a dict to options.
+
+    ``value`` is checked by :func:`check_option_dict` (``reserved`` are the entry point's own arguments);
+    ``given`` (the values of those arguments) overrides it and ``defaults`` fill in under it. Every error
+    names ``owner`` and ``name``: ``create_app: session_options: batch_frames must be ...``.
+    """
+    keywords = check_option_dict(value, owner=owner, reserved=reserved, name=name)
+    return resolve_options(f"{owner}: {name}", None, {**keywords, **(given or {})}, **defaults)

@@ -22,7 +22,7 @@ import anyio
 from streamvae._checks import check_fps
 from streamvae._decode import decode_to_mp4, stream_mp4
 from streamvae._decode_worker import call_on_loop, chunk_bridge, run_decode_worker
-from streamvae._options import SessionOptions, check_option_dict, resolve_options
+from streamvae._options import SessionOptions, resolve_option_dict
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
 from streamvae.models import ChunkedDecoder, ProtocolDecoder, as_decoder, supported_classes
@@ -213,14 +213,19 @@ def _check(
     plan = find_plan(pipe, pipeline_kwargs, owner=owner)
     check_pipeline_kwargs(pipe, plan, pipeline_kwargs, owner=owner)
     checked_fps = check_fps(fps, owner=owner)
-    keywords = check_option_dict(session_options, owner=owner, reserved=("fps",))
-    options = resolve_options(
+    options = resolve_option_dict(
         owner,
-        None,
-        {**keywords, "fps": checked_fps},
+        session_options,
+        reserved=("fps",),
+        given={"fps": checked_fps},
         value_range=probe.chunk_value_range,
         output=output,
     )
+    if options.audio_channels is not None:
+        raise ValueError(
+            f"{owner}: session_options: audio_channels is a live audio track for your own pushes; the "
+            "pipeline's sound comes from the pipeline (leave it out)"
+        )
     if plan.clips is not None and options.audio_waveforms is None and plan.sound is not None:
         raise TypeError(f"{owner}: {plan.name} decodes clip by clip and makes sound: streamvae cannot mux it")
     return plan, options

@@ -3,8 +3,10 @@
 ``GET /`` is a page with a ``<video>`` element and a form (frames, size, seed); ``GET /video.mp4?frames=
 &size=&seed=`` decodes the embedded demo latent (or your own, see :func:`create_app`) and streams the MP4 as
 each fragment is written; ``GET /stats`` reports the decodes in flight; ``WS /v1/realtime/video`` speaks
-vllm-omni's real-time protocol (:func:`realtime_video_endpoint`). Mount :func:`create_app`'s app in your
-own ASGI server, or run ``streamvae serve`` (uvicorn, :func:`serve`).
+vllm-omni's real-time protocol (:func:`realtime_video_endpoint`): the client steers the generation with
+``session.interaction`` messages, which a :data:`RealtimeGenerator` hears through its :class:`Interactions`
+while it yields pieces (:class:`RealtimePiece`: a latent, its sound, the events it reflects). Mount
+:func:`create_app`'s app in your own ASGI server, or run ``streamvae serve`` (uvicorn, :func:`serve`).
 
 Your own routes: return :class:`MP4Response` (``return MP4Response(stream_mp4(vae, z, fps=16))``), which
 owns the decode's lifetime, and mount :func:`realtime_video_endpoint` with your generator;
@@ -23,15 +25,26 @@ chunk and its session closes (no container, thread or slot outlives the request)
 from streamvae.server._admission import ServerStats
 from streamvae.server._app import ServerEvent, VideoRequest, create_app
 from streamvae.server._pacing import MediaTimePacer, PacerStatistics
+from streamvae.server._realtime import (
+    Interaction,
+    Interactions,
+    RealtimeGenerator,
+    RealtimePiece,
+    demo_generator,
+)
 from streamvae.server._response import MP4Response
 from streamvae.server._serve import serve
-from streamvae.server._websocket import LatentGenerator, demo_generator, realtime_video_endpoint
+from streamvae.server._websocket import LatentGenerator, realtime_video_endpoint
 
 __all__ = [
+    "Interaction",
+    "Interactions",
     "LatentGenerator",
     "MP4Response",
     "MediaTimePacer",
     "PacerStatistics",
+    "RealtimeGenerator",
+    "RealtimePiece",
     "ServerEvent",
     "ServerStats",
     "VideoRequest",

@@ -14,25 +14,33 @@ from typing import Literal
 
 import anyio
 
-#: how an admitted request ended
-Outcome = Literal["completed", "disconnected", "stalled", "failed"]
+#: how an admitted request or session ended: the whole response or generation sent (``completed``), the
+#: client's ``session.stop`` (``stopped``, WebSocket only), a reader cut off (``stalled``), the client gone
+#: before the end (``disconnected``), or an error (``failed``)
+Outcome = Literal["completed", "stopped", "stalled", "disconnected", "failed"]
 
 
 @dataclass
 class ServerStats:
-    """Counters of the video endpoint (``GET /stats`` returns them, with ``open_containers``)."""
+    """Counters of the video endpoints, ``/video.mp4`` and the WebSocket's sessions together (``GET /stats``
+    returns them, with ``open_containers`` and ``latency``). Each admitted request ends counted under one
+    outcome only."""
 
     #: decodes running now (each holds a slot)
     active: int = 0
     #: requests waiting for a slot
     queued: int = 0
-    #: responses sent to the end
+    #: responses sent to the end, and WebSocket generations sent to their end
     completed: int = 0
+    #: WebSocket sessions the client ended with ``session.stop``
+    stopped: int = 0
     #: clients that went away before the end (queued or streaming)
     disconnected: int = 0
-    #: readers cut off after ``stall_timeout`` seconds without accepting bytes
+    #: readers cut off after ``stall_timeout`` seconds without accepting bytes (or, on the WebSocket, a
+    #: client silent that long, or without a ``session.start`` in time)
     stalled: int = 0
-    #: decodes that failed (the response is cut short, or a 500 before the first byte)
+    #: decodes that failed (the response is cut short, or a 500 before the first byte; on the WebSocket
+    #: a refused start or a failed generation)
     failed: int = 0
     #: requests answered 503 because the slots and the queue were full
     rejected: int = 0

@@ -1,6 +1,7 @@
 """The app: ``GET /`` (the page), ``GET /video.mp4`` (a decode, streamed as it is written), ``GET /stats``.
 
-With ``realtime=1`` the latent reaches the decode a latent frame a step (``_realtime``), under the same rules.
+With ``realtime=1`` a generator's pieces reach the decode one at a time (``_realtime``), under the same rules:
+the same path as ``WS /v1/realtime/video``'s sessions, which share the app's slots, counters and latency.
 
 Each request's latency numbers (:class:`streamvae.SessionStatistics`) are logged when it ends (logger
 ``streamvae.server``, info) and ``/stats`` summarizes those of the last completed requests.
@@ -20,7 +21,6 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
-from fractions import Fraction
 from importlib.resources import files
 from typing import Any, Literal
 
@@ -37,18 +37,26 @@ from torch import Tensor
 from streamvae._checks import check_bool, check_callable, check_fps, check_int, check_limiter, check_seconds
 from streamvae._decode import stream_mp4
 from streamvae._encode import open_containers
-from streamvae._options import SessionOptions, check_option_dict
-from streamvae._quantize import ValueRange
+from streamvae._options import SessionOptions, resolve_option_dict
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
+from streamvae._statistics import SessionStatistics
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
 from streamvae.models import as_decoder
-from streamvae.server._admission import Admission, Outcome
+from streamvae.server._admission import Admission, Outcome, Ticket
 from streamvae.server._latency import LatencyWindow
 from streamvae.server._pacing import MediaTimePacer
-from streamvae.server._realtime import parse_realtime, realtime_mp4
+from streamvae.server._realtime import (
+    Interactions,
+    RealtimePiece,
+    call_generator,
+    demo_generator,
+    latent_steps,
+    open_realtime,
+    parse_realtime,
+)
 from streamvae.server._response import MP4Response, ReaderStalledError
-from streamvae.server._websocket import LatentGenerator, realtime_video_endpoint
+from streamvae.server._websocket import Admitted, LatentGenerator, websocket_endpoint
 
 logger = logging.getLogger("streamvae.server")
 
@@ -64,24 +72,31 @@ class VideoRequest:
     realtime: bool = False
     #: seconds each real-time step takes (0 … 2)
     delay: float = 0.0
+    #: real-time mode: ask the generator for its sound too (the stand-in's tone)
+    audio: bool = False
 
 
-EventKind = Literal["queued", "started", "completed", "disconnected", "stalled", "failed", "rejected"]
+EventKind = Literal[
+    "queued", "started", "completed", "stopped", "disconnected", "stalled", "failed", "rejected"
+]
 
 
 @dataclass(frozen=True)
 class ServerEvent:
-    """One step of one request's life, for ``on_event`` (metrics, logs, tests).
+    """One step of one request's or WebSocket session's life, for ``on_event`` (metrics, logs, tests).
 
-    ``queued`` → ``started`` (it holds a slot) → one of ``completed``, ``disconnected``, ``stalled``,
-    ``failed``; or ``rejected`` alone. An ending event is sent once the request's decode has stopped and
-    its session is closed.
+    ``queued`` → ``started`` (it holds a slot) → exactly one of ``completed``, ``stopped`` (the client's
+    ``session.stop``), ``disconnected``, ``stalled``, ``failed``; or ``rejected`` alone. An ending event is
+    sent once the request's decode has stopped and its session is closed.
     """
 
     kind: EventKind
-    request: VideoRequest
-    #: the request's number, counted from 1 per app
+    #: what ``/video.mp4`` was asked for; None for a WebSocket session
+    request: VideoRequest | None
+    #: the request's number, counted from 1 per app (``/video.mp4`` and WebSocket sessions together)
     number: int
+    #: the WebSocket session's ``request_id`` (None for ``/video.mp4``)
+    request_id: str | None = None
 
 
 def create_app(
@@ -117,7 +132,8 @@ def create_app(
     - ``fps``: frames per second of every video.
     - ``max_concurrent``: decodes at once (also the worker threads decoding); ``max_queued``: requests
       that wait for a slot; more get 503 with ``Retry-After: retry_after`` (seconds).
-    - ``stall_timeout``: seconds a reader may take to accept a piece of the MP4 before it is cut off.
+    - ``stall_timeout``: seconds a reader may take to accept a piece of the MP4 before it is cut off; a
+      WebSocket session ends stalled after that long with nothing sent and no message from its client.
     - ``session_options``: extra :class:`streamvae.SessionOptions` keywords (codec options, ...), all but
       ``fps`` and ``encode_limiter``, which are create_app's own.
     - ``encode_limiter``: the encode budget every request's session shares (its ``encode_limiter``
@@ -125,13 +141,20 @@ def create_app(
       ``session_options`` pins ``threads``. Without a shared budget each of N concurrent requests would
       start its own multi-threaded encoder, and N × threads encoder threads would fight for the cores.
     - ``on_event``: called on the server's event loop with each :class:`ServerEvent`; keep it quick.
-    - ``generator``: what ``WS /v1/realtime/video`` decodes: a function of the client's ``session.start``
-      message (a dict) returning an async iterator of latent pieces ``[1, C, t, H, W]`` for
-      :func:`streamvae.open_latent_stream` on ``vae``; default the seeded stand-in
-      (:func:`streamvae.server.demo_generator`: ``num_frames``, ``width``, ``height``, ``seed`` from the
-      start message, within ``max_frames`` and ``max_size``).
-    - WebSocket sessions share the admission of ``/video.mp4``: each holds a decode slot (or a queue
-      place) while it runs, and a handshake beyond both is refused.
+    - ``generator``: the real-time model, what ``WS /v1/realtime/video`` and ``/video.mp4?realtime=1``
+      decode: called with the client's ``session.start`` message (a dict) and the session's
+      :class:`streamvae.server.Interactions`, it returns an async iterator of pieces (latents
+      ``[1, C, t, H, W]`` or :class:`streamvae.server.RealtimePiece`) for
+      :func:`streamvae.open_latent_stream` on ``vae`` (see :func:`streamvae.server.realtime_video_endpoint`).
+      Default the seeded stand-in (:class:`streamvae.server.demo_generator`). ``realtime=1`` calls it with
+      ``{"num_frames": frames, "width": size, "height": size, "seed": seed, "step_seconds": delay}`` and no
+      interactions; with ``latents=`` and no ``generator=`` it feeds that latent one latent frame a step
+      instead, ``delay`` seconds apart.
+    - WebSocket sessions share the admission, counters, events and latency of ``/video.mp4``: each holds
+      a queue place from its handshake and a decode slot while it generates (a queued client is accepted
+      and answered while it waits); a handshake beyond both is answered HTTP 503 with ``Retry-After``
+      (where the server has the WebSocket Denial Response extension, as uvicorn has; else an ``error``
+      ``busy`` and close 1013 after accepting).
     - ``pace``: send each fragment, over HTTP and the WebSocket, no earlier than its media time
       (:class:`streamvae.server.MediaTimePacer`), instead of as soon as it is written.
 
@@ -140,10 +163,14 @@ def create_app(
     argument. A value that passed would be a 500 on every request instead.
 
     The app's ``state.stats`` is the :class:`ServerStats` that ``/stats`` reports, with
-    ``open_containers`` and ``latency``: over the last 100 completed requests, the median and longest
-    time from a decode's start to its first fragment holding a frame (``first_fragment_median``,
-    ``first_fragment_max``), the median of their median chunk latencies and the longest chunk latency
-    (``chunk_latency_median``, ``chunk_latency_max``), in seconds (None before any), and ``requests``.
+    ``open_containers``, ``latency`` and ``control_to_photon_seconds``. ``latency``: over the last 100
+    completed requests (and stopped WebSocket sessions), the median and longest time from a decode's start
+    to its first fragment holding a frame (``first_fragment_median``, ``first_fragment_max``), the median
+    of their median chunk latencies and the longest chunk latency (``chunk_latency_median``,
+    ``chunk_latency_max``), in seconds (None before any), and ``requests``.
+    ``control_to_photon_seconds``: over the last 1000 interactions shown, the ``median`` and ``max`` time
+    from the server reading an interaction to its sending the first binary frame that reflects it, and
+    ``interactions``.
     """
     owner = "create_app"
     check_callable("latents", latents, owner=owner)  # a function of a VideoRequest
@@ -161,8 +188,13 @@ def create_app(
     if vae is None:
         vae = demo_vae()
     decoder = as_decoder(vae, owner=owner)
-    options = _checked_session_options(
-        session_options, value_range=decoder.chunk_value_range, fps=checked_fps
+    options = resolve_option_dict(
+        owner,
+        session_options,
+        reserved=_APP_SESSION_OPTIONS,
+        given={"fps": checked_fps},
+        value_range=decoder.chunk_value_range,
+        output="fragmented",
     )
     videos = _Videos(
         vae=vae,
@@ -177,6 +209,7 @@ def create_app(
         encode_limiter=encode_limiter,
         on_event=on_event,
         pace=pace,
+        generator=generator,
     )
     page = _page().replace("__MAX_FRAMES__", str(max_frames)).replace("__MAX_SIZE__", str(max_size))
 
@@ -191,32 +224,21 @@ def create_app(
     async def realtime_video(websocket: WebSocket) -> None:
         if not realtime:  # built on the loop, with the app's session options and decode limiter
             realtime.append(
-                realtime_video_endpoint(
+                websocket_endpoint(
                     vae,
-                    generator=generator,
+                    generator=videos.generator,
                     options=videos.session_options,
                     decode_limiter=videos.decode_limiter,
                     pacer=MediaTimePacer if pace else None,
+                    start_timeout=10.0,
+                    stall_timeout=stall_timeout,
                     max_frames=max_frames,
                     max_size=max_size,
+                    hooks=videos,
+                    owner=owner,
                 )
             )
-        # Admitted like /video.mp4: a session holds a decode slot; beyond every slot and queue place the
-        # handshake is refused (closed before it is accepted) instead of queueing where nobody sees it.
-        ticket = videos.admission.try_enter()
-        if ticket is None:
-            await websocket.close(code=1013)  # try again later
-            return
-        outcome: Outcome = "disconnected"
-        try:
-            await ticket.start()
-            await realtime[0](websocket)
-            outcome = "completed"
-        except Exception:
-            outcome = "failed"
-            raise
-        finally:
-            ticket.end(outcome)
+        await realtime[0](websocket)
 
     async def stats(request: Request) -> Response:
         return JSONResponse(
@@ -224,6 +246,7 @@ def create_app(
                 **asdict(videos.admission.stats),
                 "open_containers": open_containers(),
                 "latency": videos.latency.summary(),
+                "control_to_photon_seconds": videos.latency.control_to_photon(),
             }
         )
 
@@ -236,26 +259,12 @@ def create_app(
         ]
     )
     app.state.stats = videos.admission.stats
+    app.state.latency = videos.latency
     return app
 
 
 #: the session options create_app sets from its own arguments
 _APP_SESSION_OPTIONS = ("fps", "encode_limiter")
-
-
-def _checked_session_options(
-    session_options: object, *, value_range: ValueRange, fps: Fraction
-) -> SessionOptions:
-    """The options of every request's session: fragmented MP4 at ``fps`` in the decoder's value range,
-    under ``session_options``; each error names create_app's ``session_options``."""
-    session_options = check_option_dict(session_options, owner="create_app", reserved=_APP_SESSION_OPTIONS)
-    given = {"value_range": value_range, "fps": fps, "output": "fragmented", **session_options}
-    try:
-        return SessionOptions(**given)
-    except ValueError as error:
-        raise ValueError(f"create_app: session_options: {error}") from None
-    except TypeError as error:  # an object of the wrong kind (output_files=)
-        raise TypeError(f"create_app: session_options: {error}") from None
 
 
 def _page() -> str:
@@ -312,6 +321,7 @@ class _Videos:
         encode_limiter: anyio.CapacityLimiter | None,
         on_event: Callable[[ServerEvent], None] | None,
         pace: bool,
+        generator: LatentGenerator | None,
     ) -> None:
         self.vae = vae
         self.latents = latents
@@ -330,6 +340,9 @@ class _Videos:
         self._decode_limiter: anyio.CapacityLimiter | None = None
         self._encode_limiter = encode_limiter
         self._session_options: SessionOptions | None = None  # made with the encode budget, on the loop
+        self._generator = generator
+        #: real-time mode steps through ``latents=`` (a user's) when no generator was given
+        self._steps_latents = generator is None and latents is not _demo_latent
 
     @property
     def decode_limiter(self) -> anyio.CapacityLimiter:
@@ -348,6 +361,30 @@ class _Videos:
             budget = self._encode_limiter or anyio.CapacityLimiter(os.cpu_count() or 1)
             self._session_options = dataclasses.replace(self.options, encode_limiter=budget)
         return self._session_options
+
+    @property
+    def generator(self) -> LatentGenerator:
+        """The app's real-time model: ``generator=``, or the stand-in (made on the loop, under the app's
+        decode limiter)."""
+        if self._generator is None:
+            self._generator = demo_generator(
+                max_frames=self.max_frames,
+                max_size=self.max_size,
+                limiter=self.decode_limiter,
+                fps=self.options.fps,
+            )
+        return self._generator
+
+    def enter(self, request_id: str) -> Admitted | None:
+        """A WebSocket session's admission (see :class:`streamvae.server._websocket.SessionHooks`)."""
+        self.requests += 1
+        number = self.requests
+        ticket = self.admission.try_enter()
+        if ticket is None:
+            self._emit("rejected", None, number, request_id)
+            return None
+        self._emit("queued", None, number, request_id)
+        return _Session(self, ticket, number, request_id)
 
     def response(self, query: QueryParams) -> Response:
         """The response to a ``/video.mp4`` query: a 400 naming a bad value, else the streamed video."""
@@ -369,7 +406,17 @@ class _Videos:
         size = _query_integer(query, "size", default=128, low=1, high=self.max_size)
         seed = _query_integer(query, "seed", default=0, low=0, high=_MAX_SEED)
         realtime, delay = parse_realtime(query)
-        request = VideoRequest(frames=frames, size=size, seed=seed, realtime=realtime, delay=delay)
+        audio = query.get("audio", "0")
+        if audio not in ("0", "1"):
+            raise ValueError(f"audio must be 0 or 1, got {audio[:24]!r}")
+        if audio == "1" and (not realtime or self._steps_latents):
+            raise ValueError(
+                "audio=1 needs realtime=1 and the app's generator: the sound is the generator's (a latent "
+                "has none)"
+            )
+        request = VideoRequest(
+            frames=frames, size=size, seed=seed, realtime=realtime, delay=delay, audio=audio == "1"
+        )
         if self.latents is _demo_latent:
             check_demo_request(request.frames, request.size)
         return request
@@ -395,8 +442,7 @@ class _Videos:
         try:
             await ticket.start()
             self._emit("started", request, number)
-            latent = [await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)]
-            async with self._decode(request, latent, sessions.append) as stream:
+            async with self._decode(request, sessions.append) as stream:
                 yield stream
             outcome = "completed"  # every byte was sent: the response ends once its session is closed
         except ReaderStalledError:
@@ -407,44 +453,82 @@ class _Videos:
             raise
         finally:
             ticket.end(outcome)
-            if sessions:
-                self.latency.record(number, request, outcome, sessions[0].statistics())
+            self.latency.record(number, request, outcome, sessions[0].statistics() if sessions else None)
             self._emit(outcome, request, number)
 
     @asynccontextmanager
     async def _decode(
-        self,
-        request: VideoRequest,
-        latent: list[Tensor],
-        on_session: Callable[[ChunkedVideoMP4Session], None],
+        self, request: VideoRequest, on_session: Callable[[ChunkedVideoMP4Session], None]
     ) -> AsyncIterator[MP4ByteStream]:
-        """The MP4 of the latent ``latent`` holds (taken out, so the decode alone keeps it alive): decoded
-        whole, or fed a latent frame a step (real-time)."""
-        z = latent.pop()
-        if request.realtime:
-            video = realtime_mp4(
-                self.vae,
-                z,
-                request.delay,
-                self.decode_limiter,
-                options=self.session_options,
-                on_session=on_session,
-            )
-            del z
-            async with video as stream:
-                yield stream
-        else:
+        """The request's MP4: its latent decoded whole, or (real-time) the generator's pieces one at a
+        time, on the WebSocket's path."""
+        if not request.realtime:
+            latent = [await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)]
             videos = stream_mp4(
                 self.vae,
-                z,
+                latent.pop(),  # taken out, so the decode alone keeps it alive
                 decode_limiter=self.decode_limiter,
                 on_session=on_session,
                 options=self.session_options,
             )
-            del z
             async with videos as (stream,):
                 yield stream
+            return
+        steps: AsyncIterator[Tensor | RealtimePiece]
+        if self._steps_latents:
+            steps = latent_steps(lambda: self.latents(request), request.delay, self.decode_limiter)
+        else:
+            start = {
+                "num_frames": request.frames,
+                "width": request.size,
+                "height": request.size,
+                "seed": request.seed,
+                "step_seconds": request.delay,
+            }
+            if request.audio:
+                start["audio"] = True
+            interactions = Interactions()
+            interactions.close()  # HTTP carries no interactions
+            steps = call_generator(self.generator, start, interactions, owner="create_app")
+        try:
+            async with open_realtime(
+                self.vae,
+                steps,
+                options=self.session_options,
+                decode_limiter=self.decode_limiter,
+                owner="create_app",
+                on_session=on_session,
+            ) as run:
+                yield run.video
+        finally:
+            close = getattr(steps, "aclose", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await close()
 
-    def _emit(self, kind: EventKind, request: VideoRequest, number: int) -> None:
+    def _emit(
+        self, kind: EventKind, request: VideoRequest | None, number: int, request_id: str | None = None
+    ) -> None:
         if self.on_event is not None:
-            self.on_event(ServerEvent(kind, request, number))
+            self.on_event(ServerEvent(kind, request, number, request_id))
+
+
+class _Session:
+    """One WebSocket session as the app counts it: its ticket, events and latency."""
+
+    def __init__(self, videos: _Videos, ticket: Ticket, number: int, request_id: str) -> None:
+        self._videos = videos
+        self._ticket = ticket
+        self._number = number
+        self._request_id = request_id
+
+    async def start(self) -> None:
+        await self._ticket.start()
+        self._videos._emit("started", None, self._number, self._request_id)
+
+    def end(
+        self, outcome: Outcome, statistics: SessionStatistics | None, control_to_photon: list[float]
+    ) -> None:
+        self._ticket.end(outcome)
+        self._videos.latency.record(self._number, self._request_id, outcome, statistics, control_to_photon)
+        self._videos._emit(outcome, None, self._number, self._request_id)

@@ -29,7 +29,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from streamvae._checks import check_int, check_seconds
 from streamvae._errors import StreamVAEError
-from streamvae._fragments import FragmentCounter
 from streamvae._sinks import MP4ByteStream, read_entries
 from streamvae.server._pacing import MediaTimePacer
 
@@ -134,14 +133,12 @@ class MP4Response(Response):
         try:
             async with self._streams as yielded:
                 streams = _entry_streams(yielded, self._entry)
-                frames = FragmentCounter()  # what each piece lets out, for the pacer
-                async for entry, data in read_entries(streams):
+                async for entry, piece in read_entries(streams, pieces=True):
                     if entry != streams[0].entry:
                         continue  # another entry's bytes, read to keep the shared pipeline moving
                     if self._pacer is not None:
-                        before = frames.samples
-                        frames.feed(data)
-                        await self._pacer.wait(frames.samples - before)
+                        await self._pacer.wait(piece.frames)  # the frames the encoder counted in it
+                    data = piece.data
                     if not started:
                         # Headers go with the first bytes, so a decode that fails at once is still an error.
                         await self._send(send, self._start())

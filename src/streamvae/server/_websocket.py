@@ -1,16 +1,26 @@
-"""``WS /v1/realtime/video``: one generation a connection, its fragmented MP4 sent piece by piece as decoded.
+"""``WS /v1/realtime/video``: one generation a connection, steered by the client, its fragmented MP4 sent
+piece by piece as decoded.
 
 The protocol is that of vllm-omni's endpoint of the same path, so its clients work unchanged:
 
-- client ``session.start`` (JSON; ``format`` ``"m4s"``, the default; fields the server does not use,
-  ``model``, ``prompt`` …, are ignored) → server ``video.start`` ``{request_id, format, config}``;
+- client ``session.start`` (JSON; ``format`` ``"m4s"``, the default; fields the generator does not use are
+  ignored) → server ``video.start`` ``{request_id, format, config}`` once the session holds a decode slot;
 - per fMP4 piece, server ``video.chunk_metadata`` ``{request_id, kind: "media", transport_chunk_index,
-  generation_chunk_index, num_frames, byte_length}``, then one binary frame of exactly those bytes; the
-  binary frames, concatenated in order, are a fragmented MP4 that plays;
+  generation_chunk_index, num_frames, byte_length, started_event_ids, active_event_ids,
+  completed_event_ids}``, then one binary frame of exactly those bytes; the binary frames, concatenated in
+  order, are a fragmented MP4 that plays (with sound when the generator makes it);
+- client ``session.interaction`` ``{interaction: {event_id, event, transition_chunks}}`` → server
+  ``session.interaction.queued`` ``{request_id, event_id}``, or an ``error``: each interaction read before
+  ``session.done`` gets exactly one answer; the pieces that reflect it name its ``event_id``;
 - client ``session.ping`` → server ``session.pong``; client ``session.stop`` ends the generation;
-- server ``session.done`` ``{request_id, chunks, stopped}`` at the end (stopped by the client or not);
-- server ``error`` ``{message}`` for a message that is not valid (the session goes on), and before
+- server ``session.done`` ``{request_id, chunks, stopped, statistics}`` at the end;
+- server ``error`` ``{code, message}`` for a message that is not valid (the session goes on), and before
   closing for a refused ``session.start``, a start timeout, a stall or a failed generation.
+
+Error codes: ``invalid_message`` (not a JSON object, too big, a bad field), ``unknown_type``,
+``already_started``, ``event_id_conflict`` (an ``event_id`` this session has queued already),
+``interaction_failed`` (the generator cannot apply it), ``session_stopped`` (it came after
+``session.stop``), ``invalid_start``, ``start_timeout``, ``stall_timeout``, ``generation_failed``, ``busy``.
 
 A piece is a whole fragment (``moof`` + ``mdat``; the first also carries the ``ftyp`` and ``moov`` before
 it, the last piece may be the ``mfra`` index alone, of 0 frames), so each binary frame can be appended to
@@ -23,33 +33,45 @@ connection), because a generation nobody watches would hold the accelerator for 
 
 from __future__ import annotations
 
-import bisect
+import contextlib
 import json
 import logging
-import struct
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import anyio
+from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from torch import Tensor
 
-from streamvae._checks import check_callable, check_int, check_latents, check_limiter, check_seconds
-from streamvae._fragments import FragmentCounter
-from streamvae._latent_stream import open_latent_stream
+from streamvae._checks import check_callable, check_int, check_limiter, check_seconds
 from streamvae._options import SessionOptions, resolve_options
-from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent
+from streamvae._session import ChunkedVideoMP4Session
+from streamvae._statistics import SessionStatistics
+from streamvae.demo import DEMO_FPS
 from streamvae.models import ChunkedDecoder, as_decoder
+from streamvae.server._admission import Outcome
 from streamvae.server._pacing import MediaTimePacer
+from streamvae.server._realtime import (
+    Interaction,
+    Interactions,
+    RealtimePiece,
+    SentPiece,
+    call_generator,
+    demo_generator,
+    open_realtime,
+    takes_interactions,
+)
 
 __all__ = [
     "MAX_CONTROL_BYTES",
+    "MAX_PENDING_INTERACTIONS",
     "MAX_START_BYTES",
     "LatentGenerator",
-    "demo_generator",
+    "SessionHooks",
     "realtime_video_endpoint",
 ]
 
@@ -57,17 +79,19 @@ logger = logging.getLogger("streamvae.server")
 
 _OWNER = "realtime_video_endpoint"
 
-#: what the endpoint runs: the ``session.start`` message in, latent pieces ``[1, C, t, H, W]`` out, in order
-LatentGenerator = Callable[[dict[str, Any]], AsyncIterator[Tensor]]
+#: what the endpoint runs: the ``session.start`` message and the session's interactions in, pieces out
+#: (a latent ``[1, C, t, H, W]`` or a :class:`streamvae.server.RealtimePiece`), in order; a callable of
+#: the start alone is also taken (it takes no interactions)
+LatentGenerator = Callable[..., AsyncIterator[Tensor | RealtimePiece]]
 
 #: the largest ``session.start`` (UTF-8 bytes): it may carry a prompt, or an image as a data URL
 MAX_START_BYTES = 4 * 1024 * 1024
-#: the largest of any other client message (``session.ping``, ``session.stop``)
+#: the largest of any other client message (``session.ping``, ``session.interaction``, ``session.stop``)
 MAX_CONTROL_BYTES = 128 * 1024
-#: the largest seed ``torch.Generator.manual_seed`` takes
-_MAX_SEED = 2**64 - 1
-
-_Ending = Literal["done", "stopped", "stalled", "disconnected", "failed"]
+#: interactions queued and not yet taken by the generator; one more is ``interaction_failed``
+MAX_PENDING_INTERACTIONS = 1024
+#: the longest ``event_id`` (characters)
+_MAX_EVENT_ID = 256
 
 
 # -- the endpoint --
@@ -91,10 +115,13 @@ def realtime_video_endpoint(
     - ``vae``: what decodes, anything :func:`streamvae.open_latent_stream` takes (a causal decoder: the
       diffusers ``AutoencoderKLWan``, ``AutoencoderKLQwenImage``, or your own). One instance serves every
       connection: each stream keeps its decoder caches of its own.
-    - ``generator``: called with the ``session.start`` message (a dict) once per connection, it returns
-      an async iterator of the latent's pieces ``[1, C, t, H, W]`` (t ≥ 1), in order, each decoded as it
-      comes. A ValueError it raises (when called or while iterated) is the client's mistake: its message
-      goes to the client as an ``error``. Default :func:`demo_generator` (``max_frames``, ``max_size``).
+    - ``generator``: called once per connection with the ``session.start`` message (a dict) and the
+      session's :class:`streamvae.server.Interactions`, it returns an async iterator of pieces, in order,
+      each decoded as it comes: a latent ``[1, C, t, H, W]`` (t ≥ 1) or a
+      :class:`streamvae.server.RealtimePiece` (with its sound and the events it reflects). A generator of
+      the start alone is taken too; it takes no interactions. A ValueError it raises (when called or while
+      iterated) is the client's mistake: its message goes to the client as an ``error``. Default
+      :class:`streamvae.server.demo_generator` (``max_frames``, ``max_size``).
     - ``options``: the :class:`streamvae.SessionOptions` of every connection's session; ``output`` must
       be ``"fragmented"``. Default fragmented MP4 at :data:`streamvae.demo.DEMO_FPS` in the decoder's
       value range.
@@ -110,20 +137,77 @@ def realtime_video_endpoint(
       ``session.ping``, as vllm-omni's clients do.
 
     Every argument is checked here: a bad value is a ValueError, an object of the wrong kind a TypeError,
-    each naming realtime_video_endpoint.
+    each naming realtime_video_endpoint. This endpoint admits every connection; :func:`create_app`'s
+    shares the app's decode slots and counts each session's outcome.
     """
-    decoder = as_decoder(vae, owner=_OWNER, pieces=True)
-    decoder.check_takes_pieces(owner=_OWNER)
-    check_callable("generator", generator, owner=_OWNER)
-    check_callable("pacer", pacer, owner=_OWNER)
-    limiter = check_limiter("decode_limiter", decode_limiter, owner=_OWNER) or anyio.CapacityLimiter(1)
-    checked_options = _checked_options(options, decoder)
-    check_seconds("start_timeout", start_timeout, owner=_OWNER)
-    check_seconds("stall_timeout", stall_timeout, owner=_OWNER)
-    check_int("max_frames", max_frames, minimum=1, owner=_OWNER)
-    check_int("max_size", max_size, minimum=16, owner=_OWNER)
+    return websocket_endpoint(
+        vae,
+        generator=generator,
+        options=options,
+        decode_limiter=decode_limiter,
+        pacer=pacer,
+        start_timeout=start_timeout,
+        stall_timeout=stall_timeout,
+        max_frames=max_frames,
+        max_size=max_size,
+        hooks=None,
+    )
+
+
+class SessionHooks(Protocol):
+    """What an app keeps of its WebSocket sessions: their admission, events, outcomes and latency."""
+
+    #: seconds a refused client is told to wait (``Retry-After``)
+    retry_after: int
+
+    def enter(self, request_id: str) -> Admitted | None:
+        """Queue a new session, or None (counted as rejected) when every slot and queue place is taken."""
+
+
+class Admitted(Protocol):
+    """One admitted session, as the app counts it."""
+
+    async def start(self) -> None:
+        """Wait for a decode slot and take it."""
+
+    def end(
+        self,
+        outcome: Outcome,
+        statistics: SessionStatistics | None,
+        control_to_photon: list[float],
+    ) -> None:
+        """The session has ended, its generation stopped and its MP4 session closed; once."""
+
+
+def websocket_endpoint(
+    vae: Any,
+    *,
+    generator: LatentGenerator | None,
+    options: SessionOptions | None,
+    decode_limiter: anyio.CapacityLimiter | None,
+    pacer: Callable[[Fraction], MediaTimePacer] | None,
+    start_timeout: float,
+    stall_timeout: float,
+    max_frames: int,
+    max_size: int,
+    hooks: SessionHooks | None,
+    owner: str = _OWNER,
+) -> Callable[[WebSocket], Awaitable[None]]:
+    """:func:`realtime_video_endpoint`, with ``hooks`` (an app's admission and counts) when given."""
+    decoder = as_decoder(vae, owner=owner, pieces=True)
+    decoder.check_takes_pieces(owner=owner)
+    check_callable("generator", generator, owner=owner)
+    check_callable("pacer", pacer, owner=owner)
+    limiter = check_limiter("decode_limiter", decode_limiter, owner=owner) or anyio.CapacityLimiter(1)
+    checked_options = _checked_options(options, decoder, owner)
+    check_seconds("start_timeout", start_timeout, owner=owner)
+    check_seconds("stall_timeout", stall_timeout, owner=owner)
+    check_int("max_frames", max_frames, minimum=1, owner=owner)
+    check_int("max_size", max_size, minimum=16, owner=owner)
     if generator is None:
-        generator = demo_generator(max_frames=max_frames, max_size=max_size, limiter=limiter)
+        generator = demo_generator(
+            max_frames=max_frames, max_size=max_size, limiter=limiter, fps=checked_options.fps
+        )
 
     settings = _Settings(
         decoder, generator, checked_options, limiter, float(start_timeout), float(stall_timeout)
@@ -131,89 +215,33 @@ def realtime_video_endpoint(
 
     async def endpoint(websocket: WebSocket) -> None:
         pacing = None if pacer is None else pacer(checked_options.fps)  # one schedule per connection
-        await _Connection(websocket, settings, pacing).run()
+        await _Connection(websocket, settings, pacing, hooks).run()
 
     return endpoint
 
 
-def _checked_options(options: object, decoder: ChunkedDecoder) -> SessionOptions:
+def _checked_options(options: object, decoder: ChunkedDecoder, owner: str) -> SessionOptions:
     """The sessions' options: ``options``, which must write fragmented MP4, or the default."""
     defaults = {"fps": DEMO_FPS, "output": "fragmented"} if options is None else {}
-    checked = resolve_options(_OWNER, options, defaults, value_range=decoder.chunk_value_range)
+    checked = resolve_options(owner, options, defaults, value_range=decoder.chunk_value_range)
     if checked.output != "fragmented":
         raise ValueError(
-            f"{_OWNER}: options must write fragmented MP4 (output='fragmented'), "
-            f"got output={checked.output!r}"
+            f"{owner}: options must write fragmented MP4 (output='fragmented'), got output={checked.output!r}"
         )
     return checked
-
-
-# -- the stand-in generator --
-
-
-def demo_generator(
-    *, max_frames: int = 257, max_size: int = 512, limiter: anyio.CapacityLimiter | None = None
-) -> LatentGenerator:
-    """The stand-in model: :func:`streamvae.demo.demo_latent` of the request, one latent frame a step.
-
-    It reads ``num_frames`` (1 + 4k, at most ``max_frames``; default 33), ``width`` and ``height``
-    (multiples of 16, at most ``max_size``; default 128) and ``seed`` (0 … 2**64 − 1; default 0) from
-    ``session.start``, within the bounds of ``/video.mp4``; any other value is a ValueError naming it
-    (an ``error`` to the client). The latent is built in a worker thread under ``limiter`` (default
-    anyio's own), and decodes to ``num_frames`` frames of ``width`` × ``height`` with
-    :func:`streamvae.demo.demo_vae`.
-    """
-    check_int("max_frames", max_frames, minimum=1, owner="demo_generator")
-    check_int("max_size", max_size, minimum=16, owner="demo_generator")
-    check_limiter("limiter", limiter, owner="demo_generator")
-
-    def generate(start: dict[str, Any]) -> AsyncIterator[Tensor]:
-        frames = _start_integer(start, "num_frames", default=33, low=1, high=max_frames)
-        width = _start_integer(start, "width", default=128, low=16, high=max_size)
-        height = _start_integer(start, "height", default=128, low=16, high=max_size)
-        seed = _start_integer(start, "seed", default=0, low=0, high=_MAX_SEED)
-        # The demo's own rules (1 + 4k frames, sides a multiple of 16), one field at a time to name it.
-        for name, request in (("num_frames", (frames, 16)), ("width", (1, width)), ("height", (1, height))):
-            try:
-                check_demo_request(*request)
-            except ValueError as error:
-                raise ValueError(f"session.start: {name}: {error}") from None
-
-        def build() -> Tensor:
-            side = demo_latent(frames, max(width, height), seed)
-            return side[..., : height // 8, : width // 8].contiguous()
-
-        async def steps() -> AsyncIterator[Tensor]:
-            z = await anyio.to_thread.run_sync(build, limiter=limiter)
-            for step in range(z.shape[2]):
-                yield z[:, :, step : step + 1]
-
-        return steps()
-
-    return generate
-
-
-def _start_integer(start: Mapping[str, Any], name: str, *, default: int, low: int, high: int) -> int:
-    """``start[name]`` (``default`` without one), or a ValueError unless it is an integer from ``low`` to
-    ``high``. JSON's integers only: ``9.0``, ``"9"`` and ``true`` are refused, not converted."""
-    value = start.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(
-            f"session.start: {name} must be an integer from {low} to {high}, got {_shown(value)}"
-        )
-    return value
 
 
 # -- one connection --
 
 
 class _Refused(Exception):
-    """A client message that is not valid; its text goes to the client as an ``error``."""
+    """A client message that is not valid; its text goes to the client as an ``error`` of ``code``."""
 
-    def __init__(self, message: str, *, code: int = 1008) -> None:
+    def __init__(self, message: str, *, code: str = "invalid_message", close: int = 1008) -> None:
         super().__init__(message)
-        #: the close code if the session ends over it (1008 policy violation, 1009 message too big)
         self.code = code
+        #: the close code if the session ends over it (1008 policy violation, 1009 message too big)
+        self.close = close
 
 
 @dataclass(frozen=True)
@@ -228,62 +256,102 @@ class _Settings:
     stall_timeout: float
 
 
-class _Connection:
-    """One client's session: its start, the generation streamed to it, its control messages, its end.
+_Ending = Literal["done", "stopped", "stalled", "disconnected", "failed"]
 
-    The ladder: :meth:`run` takes the start and owns the task group of the session's three tasks: the
-    stream (generation, decode, sending), the listener (client messages) and the stall watch. Whichever
-    ends the session first names the ending and cancels the group; :meth:`run` then says goodbye.
+
+class _Connection:
+    """One client's session: its start, the generation streamed to it, its messages, its end.
+
+    The ladder: :meth:`run` admits the connection (or refuses it), takes the start, and owns the task
+    group of the listener (client messages, until the last message is sent) and the generation, whose own
+    scope a stop, a stall or a disconnect cancels; :meth:`run` then says goodbye and counts the outcome.
     """
 
-    def __init__(self, websocket: WebSocket, settings: _Settings, pacer: MediaTimePacer | None) -> None:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        settings: _Settings,
+        pacer: MediaTimePacer | None,
+        hooks: SessionHooks | None,
+    ) -> None:
         self.websocket = websocket
         self.settings = settings
         self.pacer = pacer
+        self.hooks = hooks
         self.request_id = f"video_stream-{uuid.uuid4().hex}"
         self.chunks = 0  # pieces sent
+        #: seconds from each interaction to the first binary frame that reflects it
+        self.control_to_photon: list[float] = []
         self._send_lock = anyio.Lock()  # a metadata message and its binary frame go out together
         self._last_activity = 0.0  # loop time of the last client message or completed send
         self._ending: _Ending | None = None
         self._failure: Exception | None = None
+        self._generation = anyio.CancelScope()  # the generation's: a stop, stall or disconnect cancels it
+        self._interactions = Interactions()
+        self._event_ids: set[str] = set()  # every event id queued in this session
+        self._received: dict[str, float] = {}  # queued event ids not yet shown, and when they came
+        self._takes_interactions = takes_interactions(settings.generator)
+        self._sessions: list[ChunkedVideoMP4Session] = []
+        self._goodbye_sent = False  # the last message is out: nothing more is answered
+        self._answering: anyio.Event | None = None  # set once the message the listener read is answered
+        self._left = False  # the client disconnected
 
     async def run(self) -> None:
+        admitted: Admitted | None = None
+        if self.hooks is not None:
+            admitted = self.hooks.enter(self.request_id)
+            if admitted is None:
+                await self._refuse_busy(self.hooks.retry_after)
+                return
+        outcome: Outcome = "failed"
+        try:
+            outcome = await self._run(admitted)
+        finally:
+            if admitted is not None:
+                statistics = self._sessions[0].statistics() if self._sessions else None
+                admitted.end(outcome, statistics, self.control_to_photon)
+
+    async def _refuse_busy(self, retry_after: int) -> None:
+        """Every slot and queue place is taken: HTTP 503 with Retry-After at the handshake where the server
+        supports the WebSocket Denial Response extension (uvicorn does), else an ``error`` and close 1013
+        (try again later) right after accepting."""
+        message = "busy: every decode slot and queue place is taken, retry later"
+        if "websocket.http.response" in self.websocket.scope.get("extensions", {}):
+            response = PlainTextResponse(
+                f"{message}\n", status_code=503, headers={"Retry-After": str(retry_after)}
+            )
+            await self.websocket.send_denial_response(response)
+            return
+        await self.websocket.accept()
+        error = {"type": "error", "code": "busy", "message": message, "retry_after": retry_after}
+        with anyio.move_on_after(self.settings.stall_timeout):
+            try:
+                await self.websocket.send_text(json.dumps(error))
+                await self.websocket.close(1013)
+            except WebSocketDisconnect:
+                pass
+
+    async def _run(self, admitted: Admitted | None) -> Outcome:
         await self.websocket.accept()
         self._active()
         try:
             start = await self._receive_start()
-            if start is None:
-                return
-            steps = self.settings.generator(start)
-            if not hasattr(steps, "__anext__"):
-                raise TypeError(
-                    f"{_OWNER}: generator must return an async iterator of latent pieces, "
-                    f"got {type(steps).__name__}"
-                )
         except _Refused as refused:
-            await self._goodbye({"type": "error", "message": str(refused)}, code=refused.code)
-            return
-        except ValueError as error:  # the generator refused the start's values
-            await self._goodbye({"type": "error", "message": str(error)}, code=1008)
-            return
+            await self._goodbye(_error(refused.code, str(refused)), code=refused.close)
+            return "stalled" if refused.code == "start_timeout" else "failed"
         except WebSocketDisconnect:
-            return
-        except Exception as error:  # the generator's own failure, not the client's
-            self._end("failed", error)
-            await self._say_how_it_ended()
-            return
-        config = {key: value for key, value in start.items() if key not in ("type", "format")}
-        config["fps"] = float(self.settings.options.fps)
-        try:
-            await self._send_json(
-                {"type": "video.start", "request_id": self.request_id, "format": "m4s", "config": config}
-            )
-            await self._serve(steps)
-        except WebSocketDisconnect:
-            self._end("disconnected")
-        finally:
-            await _close_steps(steps)
-        await self._say_how_it_ended()
+            return "disconnected"
+        if start is None:
+            return "disconnected"
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._listen)
+            await self._generate(start, admitted)
+            close = await self._say_how_it_ended()
+            group.cancel_scope.cancel()  # the last message is out: nothing more to answer
+        if close is not None and not self._left:
+            with anyio.move_on_after(self.settings.stall_timeout), _gone():
+                await self.websocket.close(close)
+        return _OUTCOMES[self._ending or "disconnected"]
 
     # -- the start --
 
@@ -297,126 +365,229 @@ class _Connection:
             start = _parsed(message, limit=MAX_START_BYTES, what="session.start")
             if start.get("type") != "session.start":
                 raise _Refused(
-                    f"the first message must be session.start, got type {_shown(start.get('type'))}"
+                    f"the first message must be session.start, got type {_shown(start.get('type'))}",
+                    code="invalid_start",
                 )
             if start.get("format", "m4s") != "m4s":
+                shown = _shown(start.get("format"))
                 raise _Refused(
-                    f"session.start: format must be 'm4s' (fragmented MP4), got {_shown(start.get('format'))}"
+                    f"session.start: format must be 'm4s' (fragmented MP4), got {shown}", code="invalid_start"
                 )
             return start
-        raise _Refused(f"no session.start within {self.settings.start_timeout:g} s of connecting")
+        raise _Refused(
+            f"no session.start within {self.settings.start_timeout:g} s of connecting", code="start_timeout"
+        )
 
-    # -- the session's tasks --
+    # -- the generation --
 
-    async def _serve(self, steps: AsyncIterator[Tensor]) -> None:
-        async with anyio.create_task_group() as group:
-            group.start_soon(self._listen, group.cancel_scope)
-            group.start_soon(self._watch_stall, group.cancel_scope)
+    async def _generate(self, start: dict[str, Any], admitted: Admitted | None) -> None:
+        """Call the generator, wait for a slot, and stream; the ending is named however it ends."""
+        with self._generation:
             try:
-                await self._stream(steps)
-            except WebSocketDisconnect:
-                self._end("disconnected")
-            except Exception as error:
+                steps = call_generator(self.settings.generator, start, self._interactions, owner=_OWNER)
+            except ValueError as error:  # the generator refused the start's values
+                self._end("failed", _StartRefused(str(error)))
+                return
+            except Exception as error:  # the generator's own failure, not the client's
                 self._end("failed", error)
-            else:
-                self._end("done")
-            group.cancel_scope.cancel()
-
-    async def _stream(self, steps: AsyncIterator[Tensor]) -> None:
-        """Decode the generator's pieces as they come and send each whole fragment as it is written."""
-        pieces = _PieceCutter()
-        # The video's frames once each step's decode was done: the step a frame came from is found there.
-        step_ends: list[int] = []
-        settings = self.settings
-        async with open_latent_stream(
-            settings.decoder, decode_limiter=settings.decode_limiter, options=settings.options
-        ) as stream:
-            video = stream.open_stream(0)
-            feed_scope = anyio.CancelScope()
-
-            async def feed() -> None:
-                with feed_scope:
-                    pushed = 0
-                    async for piece in steps:
-                        _check_piece(piece, pushed)
-                        await stream.push_latents(piece)
-                        # push_latents returns once the worker took this piece: the previous one's decode is
-                        # done, all its chunks are in the session, and none of this one's are yet.
-                        if pushed:
-                            step_ends.append(stream.session.frames_pushed)
-                        pushed += 1
-                    if not pushed:
-                        raise ValueError("the generator gave no latent piece: a video needs at least one")
-                    await stream.finish()
-
-            stream.session.start_producer(feed)
+                return
             try:
-                async for data in video:
-                    for piece in pieces.feed(data):
-                        await self._send_piece(piece, step_ends)
-                rest = pieces.rest()
-                if rest.data:
-                    await self._send_piece(rest, step_ends)
+                try:
+                    if admitted is not None:
+                        await admitted.start()  # queued: the listener answers pings meanwhile
+                    config = {key: value for key, value in start.items() if key not in ("type", "format")}
+                    config["fps"] = float(self.settings.options.fps)
+                    await self._send_json(
+                        {
+                            "type": "video.start",
+                            "request_id": self.request_id,
+                            "format": "m4s",
+                            "config": config,
+                        }
+                    )
+                except WebSocketDisconnect:
+                    self._end("disconnected")
+                    return
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._watch_stall)
+                    try:
+                        await self._stream(steps)
+                    except WebSocketDisconnect:
+                        self._end("disconnected")
+                    except Exception as error:
+                        self._end("failed", error)
+                    else:
+                        self._end("done")
+                    group.cancel_scope.cancel()
             finally:
-                feed_scope.cancel()  # a no-op once the feed is done; stops it if the session ended early
-                await video.aclose()
+                await _close_steps(steps)
+                self._interactions.close()
 
-    async def _send_piece(self, piece: _Piece, step_ends: list[int]) -> None:
-        # A piece's step is that of its last frame (frames - 1 is the video's last frame so far); a step
-        # past every recorded end is the one decoding now, or the last one.
-        step = bisect.bisect_right(step_ends, max(piece.frames_until - 1, 0))
+    async def _stream(self, steps: AsyncIterator[Tensor | RealtimePiece]) -> None:
+        """Decode the generator's pieces as they come and send each whole MP4 piece as it is written."""
+        settings = self.settings
+        async with open_realtime(
+            settings.decoder,
+            steps,
+            options=settings.options,
+            decode_limiter=settings.decode_limiter,
+            owner=_OWNER,
+            on_session=self._sessions.append,
+        ) as run:
+            async for sent in run.pieces():
+                await self._send_piece(sent)
+
+    async def _send_piece(self, sent: SentPiece) -> None:
         if self.pacer is not None:
-            await self.pacer.wait(piece.frames)
+            await self.pacer.wait(sent.piece.frames)
         metadata = {
             "type": "video.chunk_metadata",
             "request_id": self.request_id,
             "kind": "media",
             "transport_chunk_index": self.chunks,
-            "generation_chunk_index": step,
-            "num_frames": piece.frames,
-            "byte_length": len(piece.data),
+            "generation_chunk_index": sent.step,
+            "num_frames": sent.piece.frames,
+            "byte_length": len(sent.piece.data),
+            "started_event_ids": list(sent.started),
+            "active_event_ids": list(sent.active),
+            "completed_event_ids": list(sent.completed),
         }
         async with self._send_lock:
             await self.websocket.send_text(json.dumps(metadata))
-            await self.websocket.send_bytes(piece.data)
+            await self.websocket.send_bytes(sent.piece.data)
+        shown = anyio.current_time()
+        for event_id in sent.started:
+            received = self._received.pop(event_id, None)
+            if received is not None:
+                self.control_to_photon.append(shown - received)
         self.chunks += 1
         self._active()
 
-    async def _listen(self, scope: anyio.CancelScope) -> None:
-        """Answer the client's messages until it stops the session or leaves."""
-        while True:
-            message = await self.websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                self._end("disconnected")
-                scope.cancel()
-                return
-            self._active()
-            try:
-                control = _parsed(message, limit=MAX_CONTROL_BYTES, what="a control message")
-                kind = control.get("type")
-                if kind == "session.stop":
-                    self._end("stopped")
-                    scope.cancel()
-                    return
-                if kind == "session.ping":
-                    await self._send_json({"type": "session.pong"})
-                elif kind == "session.start":
-                    raise _Refused("session.start: this session has started already")
-                else:
-                    raise _Refused(
-                        f"unknown message type {_shown(kind)} (expected session.ping or session.stop)"
-                    )
-            except _Refused as refused:
-                await self._send_json({"type": "error", "message": str(refused)})
-
-    async def _watch_stall(self, scope: anyio.CancelScope) -> None:
+    async def _watch_stall(self) -> None:
         while True:
             idle = anyio.current_time() - self._last_activity
             if idle >= self.settings.stall_timeout:
                 self._end("stalled")
-                scope.cancel()
+                self._generation.cancel()
                 return
             await anyio.sleep(self.settings.stall_timeout - idle)
+
+    # -- the client's messages --
+
+    async def _listen(self) -> None:
+        """Answer the client's messages until the last message is sent or the client leaves."""
+        while True:
+            try:
+                message = await self.websocket.receive()
+            except (WebSocketDisconnect, RuntimeError):  # closed under it: nobody to listen to
+                message = {"type": "websocket.disconnect"}
+            if message["type"] == "websocket.disconnect":
+                self._left = True
+                self._end("disconnected")
+                self._generation.cancel()
+                return
+            self._active()
+            if self._goodbye_sent:
+                continue  # read after the session's end: the last message is on its way
+            # Read before the last message: answered before it (the goodbye waits for this answer).
+            answering = self._answering = anyio.Event()
+            try:
+                try:
+                    await self._answer(_parsed(message, limit=MAX_CONTROL_BYTES, what="a control message"))
+                except _Refused as refused:
+                    await self._reply(_error(refused.code, str(refused)))
+            except (WebSocketDisconnect, RuntimeError):  # gone while answered: its disconnect comes next
+                continue
+            finally:
+                answering.set()
+
+    async def _answer(self, control: dict[str, Any]) -> None:
+        kind = control.get("type")
+        if kind == "session.ping":
+            await self._reply({"type": "session.pong"})
+        elif kind == "session.interaction":
+            interaction = self._interaction(control)
+            await self._reply(
+                {
+                    "type": "session.interaction.queued",
+                    "request_id": self.request_id,
+                    "event_id": interaction.event_id,
+                }
+            )
+        elif kind == "session.stop":
+            if self._ending == "stopped":
+                raise _Refused("session.stop: the session is stopping already", code="session_stopped")
+            self._end("stopped")
+            self._generation.cancel()
+        elif kind == "session.start":
+            raise _Refused("session.start: this session has started already", code="already_started")
+        else:
+            raise _Refused(
+                f"unknown message type {_shown(kind)} (expected session.interaction, session.ping or "
+                "session.stop)",
+                code="unknown_type",
+            )
+
+    def _interaction(self, control: Mapping[str, Any]) -> Interaction:
+        """The interaction ``control`` asks for, queued for the generator; a :class:`_Refused` of the
+        right code if it is not valid, comes after the end, or the generator cannot apply it."""
+        if self._ending is not None:
+            raise _Refused(
+                f"session.interaction: the session is ending ({self._ending}): no interaction is applied",
+                code="session_stopped",
+            )
+        body = control.get("interaction")
+        if not isinstance(body, dict):
+            raise _Refused(f"session.interaction: interaction must be an object, got {_shown(body)}")
+        event_id = body.get("event_id")
+        if event_id is None:
+            event_id = f"evt-{uuid.uuid4().hex}"
+        elif not isinstance(event_id, str) or not 1 <= len(event_id) <= _MAX_EVENT_ID:
+            raise _Refused(
+                f"session.interaction: event_id must be a string of 1 to {_MAX_EVENT_ID} characters, "
+                f"got {_shown(event_id)}"
+            )
+        event = body.get("event")
+        if not isinstance(event, dict):
+            raise _Refused(f"session.interaction: event must be an object, got {_shown(event)}")
+        transition = body.get("transition_chunks", 0)
+        if isinstance(transition, bool) or not isinstance(transition, int) or transition < 0:
+            raise _Refused(
+                f"session.interaction: transition_chunks must be an integer >= 0, got {_shown(transition)}"
+            )
+        if event_id in self._event_ids:
+            raise _Refused(
+                f"session.interaction: event_id {_shown(event_id)} was queued already in this session",
+                code="event_id_conflict",
+            )
+        interaction = Interaction(event_id, event, transition, received_at=anyio.current_time())
+        if not self._takes_interactions:
+            raise _Refused(
+                "session.interaction: this endpoint's generator takes no interactions",
+                code="interaction_failed",
+            )
+        check = getattr(self.settings.generator, "check_interaction", None)
+        if check is not None:
+            try:
+                check(interaction)
+            except ValueError as error:
+                raise _Refused(f"session.interaction: {error}", code="interaction_failed") from None
+        if self._interactions.pending >= MAX_PENDING_INTERACTIONS:
+            raise _Refused(
+                f"session.interaction: {MAX_PENDING_INTERACTIONS} interactions wait for the generator "
+                "already: send fewer",
+                code="interaction_failed",
+            )
+        try:
+            self._interactions.put(interaction)
+        except anyio.ClosedResourceError:  # the generation has just ended
+            raise _Refused(
+                "session.interaction: the generation has ended: no interaction is applied",
+                code="session_stopped",
+            ) from None
+        self._event_ids.add(event_id)
+        self._received[event_id] = interaction.received_at
+        return interaction
 
     # -- the end --
 
@@ -425,31 +596,63 @@ class _Connection:
         if self._ending is None:
             self._ending, self._failure = ending, failure
 
-    async def _say_how_it_ended(self) -> None:
+    async def _say_how_it_ended(self) -> int | None:
+        """Send the last message; the close code to end with (None: the client has gone)."""
         ending, failure = self._ending, self._failure
         if ending in ("done", "stopped"):
-            done = {"type": "session.done", "request_id": self.request_id, "chunks": self.chunks}
-            await self._goodbye({**done, "stopped": ending == "stopped"}, code=1000)
-        elif ending == "stalled":
+            statistics: dict[str, Any] = asdict(self._sessions[0].statistics()) if self._sessions else {}
+            statistics["control_to_photon_seconds"] = list(self.control_to_photon)
+            done = {
+                "type": "session.done",
+                "request_id": self.request_id,
+                "chunks": self.chunks,
+                "stopped": ending == "stopped",
+                "statistics": statistics,
+            }
+            return await self._last(done, 1000)
+        if ending == "stalled":
             seconds = f"{self.settings.stall_timeout:g} s"
             message = f"stall timeout: nothing sent and no message from the client for {seconds}"
-            await self._goodbye({"type": "error", "message": message}, code=1008)
-        elif ending == "failed":
+            return await self._last(_error("stall_timeout", message), 1008)
+        if ending == "failed":
+            if isinstance(failure, _StartRefused):
+                return await self._last(_error("invalid_start", str(failure)), 1008)
             if isinstance(failure, ValueError):  # the generator's word on the client's values
                 message = f"the generation failed: {failure}"
             else:
                 logger.error("realtime session %s failed", self.request_id, exc_info=failure)
                 message = "the generation failed (the server's log has why)"
-            await self._goodbye({"type": "error", "message": message}, code=1011)
+            return await self._last(_error("generation_failed", message), 1011)
+        return None  # disconnected: nobody to tell
 
-    async def _goodbye(self, message: dict[str, Any], *, code: int) -> None:
-        """Send the last message and close; a client that reads nothing gets ``stall_timeout`` for it."""
+    async def _last(self, message: dict[str, Any], code: int) -> int | None:
+        """Send the session's last message (a client that reads nothing gets ``stall_timeout`` for it)."""
         with anyio.move_on_after(self.settings.stall_timeout):
             try:
-                await self._send_json(message)
-                await self.websocket.close(code)
-            except WebSocketDisconnect:
+                while self._answering is not None and not self._answering.is_set():
+                    await self._answering.wait()  # a message read before this one gets its answer first
+                self._goodbye_sent = True  # from here on what the listener reads comes after the end
+                async with self._send_lock:
+                    await self.websocket.send_text(json.dumps(message))
+                return code
+            except (WebSocketDisconnect, RuntimeError):
                 pass  # it left meanwhile: nobody to tell
+        return None
+
+    async def _goodbye(self, message: dict[str, Any], *, code: int) -> None:
+        """Send the last message and close, before the session's tasks run."""
+        if await self._last(message, code) is not None:
+            with anyio.move_on_after(self.settings.stall_timeout):
+                with _gone():
+                    await self.websocket.close(code)
+
+    async def _reply(self, message: dict[str, Any]) -> None:
+        """Answer a client message, unless the session's last message has gone out already."""
+        async with self._send_lock:
+            if self._goodbye_sent:
+                return
+            await self.websocket.send_text(json.dumps(message))
+        self._active()
 
     async def _send_json(self, message: dict[str, Any]) -> None:
         async with self._send_lock:
@@ -460,15 +663,29 @@ class _Connection:
         self._last_activity = anyio.current_time()
 
 
-def _check_piece(piece: object, step: int) -> None:
-    """A ValueError (TypeError for no tensor) unless ``piece`` is a latent of batch 1."""
-    name = f"the generator's piece {step}"
-    z = check_latents(piece, None, owner=_OWNER, name=name)
-    if z.shape[0] != 1:
-        raise ValueError(f"{_OWNER}: {name} must be of batch 1, got shape {tuple(z.shape)}")
+class _StartRefused(ValueError):
+    """The generator refused the start's values: the client's mistake, told as ``invalid_start``."""
 
 
-async def _close_steps(steps: AsyncIterator[Tensor]) -> None:
+_OUTCOMES: dict[_Ending, Outcome] = {
+    "done": "completed",
+    "stopped": "stopped",
+    "stalled": "stalled",
+    "disconnected": "disconnected",
+    "failed": "failed",
+}
+
+
+def _gone() -> contextlib.suppress:
+    """Ignore what a send or close raises once the client has gone: there is nobody left to tell."""
+    return contextlib.suppress(WebSocketDisconnect, RuntimeError)
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "code": code, "message": message}
+
+
+async def _close_steps(steps: AsyncIterator[Any]) -> None:
     """Close the generator (its ``finally`` runs now, not at garbage collection), even when cancelled."""
     close = getattr(steps, "aclose", None)
     if close is not None:
@@ -484,7 +701,7 @@ def _parsed(message: Mapping[str, Any], *, limit: int, what: str) -> dict[str, A
     else:
         size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if size > limit:
-        raise _Refused(f"{what} is {size} bytes, over the limit of {limit} bytes", code=1009)
+        raise _Refused(f"{what} is {size} bytes, over the limit of {limit} bytes", close=1009)
     if text is None:
         raise _Refused(f"{what} must be a JSON text message, got a binary one")
     try:
@@ -500,60 +717,3 @@ def _shown(value: object) -> str:
     """``value`` as an error message quotes it: a client's megabyte is not echoed back."""
     text = repr(value)
     return text if len(text) <= 40 else text[:40] + "…"
-
-
-# -- fragments --
-
-
-@dataclass(frozen=True)
-class _Piece:
-    """What one binary frame carries: whole top-level boxes, up to the end of a fragment."""
-
-    data: bytes
-    frames: int  # video frames the piece's fragment holds
-    frames_until: int  # the video's frames up to the end of this piece
-
-
-_BOX_HEADER = struct.Struct(">I4s")
-
-
-class _PieceCutter:
-    """Cuts the bytes of a fragmented MP4, as they are written, after each fragment's ``mdat``.
-
-    The session hands on bytes in whatever pieces its encoder wrote (the first holds the ``ftyp``, ``moov``
-    and first fragment, the last ends with the ``mfra``); the client gets them as whole fragments, each
-    counted by a :class:`~streamvae._fragments.FragmentCounter`.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._scanned = 0  # bytes of the buffer that are whole boxes
-        self._counter = FragmentCounter()
-
-    def feed(self, data: bytes) -> list[_Piece]:
-        """The pieces ``data`` completes."""
-        self._buffer += data
-        pieces = []
-        while self._scanned + 8 <= len(self._buffer):
-            size, kind = _BOX_HEADER.unpack_from(self._buffer, self._scanned)
-            if size == 1 and self._scanned + 16 <= len(self._buffer):  # a 64-bit size follows the type
-                size = struct.unpack_from(">Q", self._buffer, self._scanned + 8)[0]
-            if size < 8 or self._scanned + size > len(self._buffer):
-                break  # incomplete, or runs to the end of the file (size 0): it ends with the stream
-            self._scanned += size
-            if kind == b"mdat":
-                pieces.append(self._cut())
-        return pieces
-
-    def rest(self) -> _Piece:
-        """What is left at the end of the stream (the ``mfra``, 0 frames), maybe nothing."""
-        self._scanned = len(self._buffer)
-        return self._cut()
-
-    def _cut(self) -> _Piece:
-        data = bytes(self._buffer[: self._scanned])
-        del self._buffer[: self._scanned]
-        self._scanned = 0
-        before = self._counter.samples
-        self._counter.feed(data)
-        return _Piece(data, self._counter.samples - before, self._counter.samples)
