@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) bench/producers.py
 	$(PY) bench/distributed.py
 	$(PY) bench/encode_budget.py
+	$(PY) bench/interactions.py
 	$(PY) bench/soak.py
 
 clean:

@@ -429,8 +429,9 @@ async def test_a_queued_websocket_client_is_accepted_and_answered_while_it_waits
 
 
 def test_a_real_client_beyond_every_slot_reads_503_and_retry_after(vae: Any) -> None:
-    sync_client = pytest.importorskip("websockets.sync.client")
-    exceptions = pytest.importorskip("websockets.exceptions")
+    from websockets import exceptions
+    from websockets.sync import client as sync_client
+
     latent = demo_latent(5, 16, 0)
     release = anyio.Event()
 

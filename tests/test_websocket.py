@@ -513,7 +513,8 @@ def test_the_endpoint_checks_its_arguments_when_made(vae: Any) -> None:
 
 
 def test_uvicorn_serves_the_endpoint_to_a_websocket_client(vae: Any) -> None:
-    sync_client = pytest.importorskip("websockets.sync.client")
+    from websockets.sync import client as sync_client
+
     app = app_of(vae)
     pieces: list[bytes] = []
     with running_server(app) as url, sync_client.connect(url.replace("http", "ws") + PATH) as websocket:
