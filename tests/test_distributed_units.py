@@ -12,9 +12,11 @@ answers like NCCL (``_runs_on_host`` patched) stands in for one, so the same cod
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import multiprocessing
 import os
+import re
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -28,18 +30,25 @@ import torch.distributed as dist
 from diffusers.models.autoencoders.autoencoder_kl_wan import WanAttentionBlock, WanCausalConv3d
 from torch import Tensor, nn
 
+from streamvae import distributed
 from streamvae.distributed import (
+    ShardedDecoder,
     ShardedDecodeStats,
     ShardedWanDecoder,
     _collectives,
+    _internals,
     _launch,
     init_distributed,
+    sharded_decoder,
 )
 from streamvae.distributed._auto import choose_axis
-from streamvae.distributed._halo import ShardContext, active, check_shardable, halo_rows, install_hooks
+from streamvae.distributed._context import ShardContext, active
+from streamvae.distributed._halo import halo_rows
+from streamvae.distributed._hooks import check_shardable, install_hooks
+from streamvae.distributed._internals import group_timeout
 from streamvae.distributed._layout import StripLayout
 from streamvae.models.wan import WanChunkedDecoder
-from tests._vaes import latent, tiny_wan21, tiny_wan22
+from tests._vaes import latent, tiny_hunyuan_video, tiny_wan21, tiny_wan22
 
 INIT_TIMEOUT = timedelta(seconds=42)  # what init_distributed is told; torch's gloo default is 30 min
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -333,6 +342,97 @@ def test_a_layer_whose_rows_do_not_map_one_to_one_is_refused(layer: nn.Module) -
         check_shardable(nn.Sequential(layer), -2)
 
 
+# ---------------------------------------------------------------------------------- the kernel routing
+
+
+def kernel_queries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the device of every input torch's private kernel selector is asked about."""
+    select = _internals._SELECT_CONV_BACKEND
+    assert select is not None, "this torch has the selector: the routing is what these tests check"
+    asked: list[str] = []
+
+    def recording(x: Tensor, *args: Any) -> Any:
+        asked.append(x.device.type)
+        return select(x, *args)
+
+    monkeypatch.setattr(_internals, "_SELECT_CONV_BACKEND", recording)
+    return asked
+
+
+def decode_conv_in_strips(conv: nn.Conv2d, frame: Tensor) -> list[tuple[Tensor, StripLayout, ThreadComm]]:
+    """``conv`` on each of 2 height strips of ``frame``, one rank a thread."""
+
+    def rank_main(rank: int, comm: ThreadComm) -> tuple[Tensor, StripLayout, ThreadComm]:
+        layout = StripLayout.plan(frame.shape[-2], 2, rank, -2)
+        with active(ShardContext(conv, layout, comm)), torch.no_grad():
+            return conv(strip_of(frame, layout)), layout, comm
+
+    return ThreadGroup(2).run(rank_main)
+
+
+def test_a_strip_convolves_with_the_kernel_of_the_whole_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 32·24·32 input values take oneDNN; a strip's 32·13·32 would take thnn_conv2d, which sums apart.
+    conv = nn.Conv2d(32, 8, 3, padding=1)
+    asked = kernel_queries(monkeypatch)
+    install_hooks(conv)
+    assert "_conv_forward" in vars(conv)  # routed with the other hooks, before any decode
+    frame = torch.randn(1, 32, 24, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = conv(frame)
+    assert asked == []  # outside a sharded decode the layer is its own
+    for out, layout, comm in decode_conv_in_strips(conv, frame):
+        assert torch.equal(out, strip_of(expected, layout))
+        assert comm.stats.kernel_overrides == 1
+    assert asked and set(asked) == {"cpu"}
+
+
+def test_a_torch_without_the_kernel_selector_convolves_a_strip_with_its_own_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_internals, "_SELECT_CONV_BACKEND", None)
+    conv = nn.Conv2d(32, 8, 3, padding=1)
+    install_hooks(conv)
+    assert "_conv_forward" not in vars(conv)  # nothing of the routing is installed
+    frame = torch.randn(1, 32, 24, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = conv(frame)
+    for out, layout, comm in decode_conv_in_strips(conv, frame):
+        torch.testing.assert_close(out, strip_of(expected, layout))  # the strip's kernel rounds apart
+        assert comm.stats.kernel_overrides == 0 and comm.stats.halo_exchanges == 1
+
+
+def test_a_grouped_convolution_is_not_routed() -> None:
+    conv = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+    install_hooks(conv)
+    assert "_conv_forward" not in vars(conv)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
+def test_a_strip_on_a_gpu_never_asks_for_the_kernel_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    conv = nn.Conv2d(32, 8, 3, padding=1).cuda()
+    asked = kernel_queries(monkeypatch)
+    install_hooks(conv)
+    frame = torch.randn(1, 32, 24, 32, device="cuda")
+    with torch.no_grad():
+        expected = conv(frame)
+    for out, layout, comm in decode_conv_in_strips(conv, frame):
+        torch.testing.assert_close(out, strip_of(expected, layout))
+        assert comm.stats.kernel_overrides == 0
+    assert asked == []
+
+
+def test_the_installed_diffusers_still_sets_every_internal_read() -> None:
+    assert _internals._CHANGED == {}
+
+
+def test_a_layer_whose_diffusers_internals_changed_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    changed = {WanCausalConv3d: ("_padding", "the padding it applies in forward")}
+    monkeypatch.setattr(_internals, "_CHANGED", changed)
+    with pytest.raises(ValueError, match=r"'0': cannot shard WanCausalConv3d: diffusers .* no longer sets"):
+        check_shardable(nn.Sequential(WanCausalConv3d(1, 1, 3, padding=1)), -2)
+
+
 # ------------------------------------------------------------------------------------------- the GPU
 
 
@@ -390,7 +490,7 @@ def test_a_collective_timeout_given_to_the_decoder_wins(group_of_one: None) -> N
 def test_where_torch_does_not_tell_the_timeout_init_distributed_was_given_is_used(
     group_of_one: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_launch, "_group_timeout", lambda group: None)  # a torch without the attribute
+    monkeypatch.setattr(_launch, "group_timeout", lambda group: None)  # a torch without the attribute
     assert ShardedWanDecoder(tiny_wan21()).collective_timeout == INIT_TIMEOUT
     monkeypatch.setattr(_launch, "_init_timeout", None)  # a group init_distributed did not create
     assert ShardedWanDecoder(tiny_wan21()).collective_timeout == dist.constants.default_pg_timeout
@@ -414,10 +514,10 @@ def test_an_nccl_decode_group_agrees_over_a_gloo_group_of_its_ranks_with_its_tim
     assert side is not None and side is not dist.group.WORLD
     assert dist.get_backend(side) == "gloo"
     assert dist.get_process_group_ranks(side) == dist.get_process_group_ranks(dist.group.WORLD)
-    assert _launch._group_timeout(side) == INIT_TIMEOUT
+    assert group_timeout(side) == INIT_TIMEOUT
     assert ShardedWanDecoder(vae)._agreement_group is side  # one a group and timeout, not one a decoder
     other = ShardedWanDecoder(vae, collective_timeout=timedelta(seconds=5))._agreement_group
-    assert other is not side and _launch._group_timeout(other) == timedelta(seconds=5)
+    assert other is not side and group_timeout(other) == timedelta(seconds=5)
 
 
 def watch(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, before: Callable[..., None]) -> None:
@@ -503,6 +603,190 @@ def test_an_owner_that_fails_over_its_own_agreement_group_stops_at_that_chunk(
     assert decoder.stats.stopped_at == 1 and decoder.stats.steps == 2 and len(published) == 2
 
 
+# --------------------------------------------------------------------------------- the agreement's format
+
+
+def test_the_agreement_carries_each_ranks_intent_and_the_output_ranks_word(group_of_one: None) -> None:
+    stats = ShardedDecodeStats()
+    agreement = _collectives.Agreement(None, timedelta(seconds=30), stats)
+    stop = _collectives.Intent(_collectives.Next.STOP, (0,) * 5, "width", 0, reason="é" * 200)
+    (heard,) = agreement.intents(stop)
+    assert heard.same_as(stop) and heard.shard == "width"
+    assert heard.reason == "é" * 128  # 400 bytes of text, cut to the 256 a boundary carries
+    word = agreement.word(0, _collectives.Word.FAILED, "OSError: the sink went away", chunk=3)
+    assert word == (_collectives.Word.FAILED, "OSError: the sink went away")
+    assert stats.collectives == 2
+    piece = _collectives.Intent(_collectives.Next.PIECE, (1, 16, 2, 4, 6), "auto", 1)
+    assert piece.describe() == "a piece of shape [1, 16, 2, 4, 6], shard 'auto', output_rank 1"
+    assert not piece.same_as(dataclasses.replace(piece, shape=(1, 16, 3, 4, 6)))
+    assert piece.same_as(dataclasses.replace(piece, reason="only the reason differs"))
+
+
+# --------------------------------------------------------------------------- a sharded decoder, stepped
+
+
+def single_process_chunks(vae: nn.Module, z: Tensor) -> list[Tensor]:
+    expected: list[Tensor] = []
+    WanChunkedDecoder(vae).decode_with_chunks(z, on_chunk=expected.append)  # type: ignore[arg-type]
+    return expected
+
+
+def words_said(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """Record the word and the text the output rank says after each step."""
+    said: list[tuple[int, str]] = []
+    watch(
+        monkeypatch,
+        _collectives.Agreement,
+        "word",
+        lambda agreement, src, word, error, **k: said.append((int(word), error)),
+    )
+    return said
+
+
+@pytest.mark.parametrize("shard", ["height", "auto"])
+def test_a_sharded_decoder_steps_through_the_chunks_it_publishes(group_of_one: None, shard: str) -> None:
+    # "height" runs the strip machinery (one strip); "auto" does not split a group of one.
+    vae = tiny_wan22()
+    z = latent(vae, 1, 3, 4, 4)
+    decoder = sharded_decoder(vae, shard=shard)  # type: ignore[arg-type]
+    chunks = list(decoder.iter_chunks(z))
+    expected = single_process_chunks(vae, z)
+    assert len(chunks) == len(expected) == 3
+    assert all(torch.equal(a, b) for a, b in zip(chunks, expected, strict=True))
+    assert decoder.stats.steps == 3 and decoder.stats.stopped_at is None
+
+
+def test_an_output_rank_that_stops_stepping_stops_every_rank_at_that_step(
+    group_of_one: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vae = tiny_wan22()
+    z = latent(vae, 1, 4, 4, 4)
+    decoder = sharded_decoder(vae, shard="height")
+    said = words_said(monkeypatch)
+    steps = decoder.iter_chunks(z)
+    next(steps), next(steps)
+    steps.close()
+    assert decoder.stats.stopped_at == 1 and decoder.stats.steps == 2
+    assert [word for word, _ in said] == [_collectives.Word.GO_ON, _collectives.Word.FAILED]
+    assert "stopped taking chunks" in said[-1][1]  # what the peers' PeerDecodeError says
+    said.clear()
+    steps = decoder.iter_chunks(z)  # the decode gave its turn back
+    next(steps)
+    with pytest.raises(OSError, match="the sink went away"):
+        steps.throw(OSError("the sink went away"))
+    assert said == [(_collectives.Word.FAILED, "OSError: the sink went away")]
+    assert decoder.stats.stopped_at == 0
+
+
+def test_a_sharded_stream_steps_piece_by_piece(group_of_one: None) -> None:
+    vae = tiny_wan22()
+    z = latent(vae, 1, 5, 4, 6)
+    decoder = sharded_decoder(vae, shard="height")
+    state = decoder.start(1, 4, 6)
+    chunks: list[Tensor] = []
+    for piece in (z[:, :, :2], z[:, :, 2:3], z[:, :, 3:]):
+        chunks.extend(decoder.feed(state, piece))
+    chunks.extend(decoder.end(state))
+    expected = single_process_chunks(vae, z)
+    assert len(chunks) == len(expected) == 5
+    assert all(torch.equal(a, b) for a, b in zip(chunks, expected, strict=True))
+    assert decoder.stats.latent_frames == decoder.stats.steps == 5
+    assert list(decoder.end(state)) == []  # ended: nothing more, no collective
+    decoder.decode_with_chunks(z, on_chunk=lambda chunk: None)  # the stream gave its turn back
+
+
+def test_a_piece_left_before_its_end_stops_the_stream_on_every_rank(group_of_one: None) -> None:
+    vae = tiny_wan22()
+    z = latent(vae, 1, 3, 4, 4)
+    decoder = sharded_decoder(vae, shard="height")
+    state = decoder.start(1, 4, 4)
+    steps = decoder.feed(state, z)
+    next(steps)
+    steps.close()
+    with pytest.raises(ValueError, match="stopped on every rank"):
+        decoder.feed(state, z)
+    assert list(decoder.end(state)) == []  # frees the stream, with no collective left to agree on
+    decoder.decode_with_chunks(z, on_chunk=lambda chunk: None)
+
+
+def test_a_sharded_decoder_takes_pieces_where_it_says_it_does(group_of_one: None) -> None:
+    wan = sharded_decoder(tiny_wan21())
+    assert type(wan) is ShardedWanDecoder and wan.takes_pieces
+    wan.check_takes_pieces()
+    for whole_only in (ShardedDecoder(tiny_wan21()), sharded_decoder(tiny_hunyuan_video())):
+        assert type(whole_only) is ShardedDecoder and not whole_only.takes_pieces
+        with pytest.raises(TypeError, match="decodes whole latents only.*a ShardedWanDecoder"):
+            whole_only.check_takes_pieces()
+        with pytest.raises(TypeError, match="decodes whole latents only"):
+            whole_only.start(1, 4, 4)
+    with pytest.raises(TypeError, match="ShardedWanDecoder wraps a diffusers AutoencoderKLWan or"):
+        ShardedWanDecoder(tiny_hunyuan_video())
+
+
+# ------------------------------------------------------------------------------------ the package's shape
+
+PACKAGE = Path(distributed.__file__).parent
+
+
+def package_imports(path: Path) -> set[str]:
+    """The modules of the package that ``path`` imports anywhere: at the top, under TYPE_CHECKING, in a
+    function (``__init__`` for names its ``__init__`` exports)."""
+    modules = {module.stem for module in PACKAGE.glob("*.py")}
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[2] for alias in node.names if alias.name.startswith(PREFIX)}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: this package
+                base = f"streamvae.distributed.{base}".rstrip(".")
+            if base.startswith(PREFIX):
+                found.add(base.split(".")[2])
+            elif base == "streamvae.distributed":
+                found |= {alias.name if alias.name in modules else "__init__" for alias in node.names}
+    return found
+
+
+PREFIX = "streamvae.distributed."
+
+
+def test_no_module_of_the_package_imports_one_that_imports_it_back() -> None:
+    graph = {path.stem: package_imports(path) for path in PACKAGE.glob("*.py")}
+    assert graph["_decoder"] >= {"_hooks", "_collectives"}  # the parser sees the imports it should
+
+    def cycle_from(module: str, path: list[str]) -> list[str] | None:
+        if module in path:
+            return [*path[path.index(module) :], module]
+        for imported in sorted(graph[module]):
+            found = cycle_from(imported, [*path, module])
+            if found is not None:
+                return found
+        return None
+
+    cycles = [cycle for module in sorted(graph) if (cycle := cycle_from(module, [])) is not None]
+    assert cycles == [], " ; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+@pytest.mark.parametrize(
+    "touchpoint",
+    [
+        r"torch\._C\b",  # comments and docstrings included
+        r"torch\.ops\b",
+        r"\._conv_forward\b",
+        r"\.forward = ",
+        r"\._padding\b",
+        r"\.time_causal_padding\b",
+        r"\.per_channel_scale1\b",
+        r"\.channel_dim\b",
+        r"\._device_types\b",
+        r"\._get_backend\b",
+    ],
+)
+def test_every_private_api_of_torch_and_diffusers_is_touched_in_one_module(touchpoint: str) -> None:
+    naming = sorted(path.name for path in PACKAGE.glob("*.py") if re.search(touchpoint, path.read_text()))
+    assert naming == ["_internals.py"]
+
+
 # ------------------------------------------------------------------------------------- NCCL, for real
 
 
@@ -522,10 +806,10 @@ def _decode_over_nccl(folder: str) -> None:
     report = {
         "device": str(device),
         "backend": str(dist.get_backend()),
-        "group_timeout": _launch._group_timeout(None),  # read from the NCCL backend itself
+        "group_timeout": group_timeout(None),  # read from the NCCL backend itself
         "collective_timeout": decoder.collective_timeout,
         "agreement_backend": None if side is None else str(dist.get_backend(side)),
-        "agreement_timeout": None if side is None else _launch._group_timeout(side),
+        "agreement_timeout": None if side is None else group_timeout(side),
         "max_delta": max((a - b).abs().max().item() for a, b in zip(got, expected, strict=True)),
         "stats": dataclasses.asdict(decoder.stats),
     }

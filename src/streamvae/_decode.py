@@ -54,8 +54,8 @@ async def decode_to_mp4(
 
     Errors: a failing session stops publishing and its original error is raised once the decode has ended.
     Cancellation: a single-process decode returns at its next chunk boundary. A distributed decode stops
-    where every rank has run the same collectives: :class:`streamvae.distributed.ShardedWanDecoder` agrees
-    on failure after each latent frame, so the wait is bounded by the current step (a decoder that drains
+    where every rank has run the same collectives: every :class:`streamvae.distributed.ShardedDecoder`
+    agrees on failure after each step, so the wait is bounded by the current step (a decoder that drains
     instead runs every remaining step: the wait is then bounded by the remaining decode), plus the process
     group's timeout if a peer died. The decode thread is never abandoned. Ranks that do not own the output
     decode and return ``[]``, or raise :class:`streamvae.distributed.PeerDecodeError` when the output rank

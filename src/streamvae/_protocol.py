@@ -36,7 +36,7 @@ class SupportsChunkedVAEDecode(Protocol):
     is retained); decoding ends as early as the collectives allow — a single-process decode at the next
     step boundary, a distributed one never by skipping a collective: either after every remaining step (a
     drain, ``ChunkPublisher(drain=True)``) or at a step boundary all ranks agree on
-    (:class:`streamvae.distributed.ShardedWanDecoder` does this) — and then the first error is re-raised.
+    (every :class:`streamvae.distributed.ShardedDecoder` does this) — and then the first error is re-raised.
 
     :class:`streamvae.models.ChunkedDecoder` implements it and completes it (latent checks and casts, the
     step API, the accelerate hook); :func:`streamvae.models.as_decoder` wraps any other implementation in a

@@ -19,11 +19,14 @@ when it is gloo, else over a gloo group on the same ranks), so it never waits fo
 NCCL collective with a dead peer may never finish; each of its waits is bounded by the collective timeout,
 in a worker thread that :func:`streamvae.decode_to_mp4` never abandons.
 
-The parts: ``_layout`` (which rows each rank decodes), ``_auto`` (which axis ``shard="auto"`` takes),
-``_collectives`` (the decode group's gathers and the agreement), ``_halo`` (the hooks on the decoder's
-layers, the convolution kernel of the whole frame), ``_norms`` (GroupNorm over the whole frame),
-``_decoder`` (the step loop, the boundaries and the failure rule), ``_launch`` (joining torchrun's group,
-the collective timeout), ``_stats``.
+The parts, one concept each: ``_layout`` (which rows each rank decodes), ``_auto`` (which axis
+``shard="auto"`` takes), ``_collectives`` (the decode group's gathers, the agreement and its wire format),
+``_context`` (the sharded decode a thread runs, which every hook reads), ``_hooks`` (which layer gets which
+hook, and what is refused), ``_halo`` (convolution halos), ``_attention`` (the whole frame for attention),
+``_norms`` (GroupNorm over the whole frame), ``_rounding`` (CPU vector alignment), ``_kernels`` (the whole
+frame's convolution kernel), ``_internals`` (every private torch and diffusers API touched, checked once),
+``_decoder`` (the sharded decoders: the step loop, the boundaries and the failure rule), ``_launch``
+(joining torchrun's group, the collective timeout), ``_stats``.
 """
 
 from streamvae.distributed._decoder import (

@@ -29,7 +29,7 @@ Why:
   (4 × 4 on 2 ranks) they are as large as the work saved (CPU 0.9×), and the 2-rank wall is above the
   single process's.
 - **The CPU convolution kernel no longer depends on the axis**: a strip runs the kernel PyTorch picks for
-  the whole frame (``_halo``), so a height strip no longer falls back to vol2col + GEMM, which once made
+  the whole frame (``_kernels``), so a height strip no longer falls back to vol2col + GEMM, which once made
   height strips slower and larger (1.5× the single process's memory) than the whole frame.
 """
 

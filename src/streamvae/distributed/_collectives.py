@@ -1,24 +1,28 @@
 """The collectives of a sharded decode: the decode group's gathers, and the agreement at step boundaries.
 
 Two kinds, because they wait differently. The decode group's gathers (halos, whole frames, chunks) are
-queued on the GPU under NCCL and never block the host. The agreement (the latent's shape, the output
-rank's verdict) is where the host waits for its peers, so it runs over gloo with host tensors — the
-decode group itself when it is gloo, else a gloo group over the same ranks — and each of its waits raises
-after a deadline instead of waiting for a GPU stream that a dead peer may never release.
+queued on the GPU under NCCL and never block the host. The agreement (what each rank decodes next, the
+output rank's word after each step) is where the host waits for its peers, so it runs over gloo with host
+tensors — the decode group itself when it is gloo, else a gloo group over the same ranks — and each of its
+waits raises after a deadline instead of waiting for a GPU stream that a dead peer may never release. Its
+wire format (fixed-size uint8 tensors: an int64 header and an error's text) is here too, beside it.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from streamvae.distributed._layout import ShardAxis
 from streamvae.distributed._stats import ShardedDecodeStats
 
 
@@ -81,7 +85,8 @@ class Agreement:
     These are the waits in which the host waits for its peers, so each is bounded: a peer that died or
     stalled makes them raise after ``timeout`` (gloo sees a closed connection sooner), never hang. Host
     tensors over gloo need no device copy, so they never wait for a GPU stream, where an NCCL collective
-    with a dead peer may never complete.
+    with a dead peer may never complete. Two exchanges: every rank's :class:`Intent` before each walk
+    (:meth:`intents`), and the output rank's :class:`Word` after each step (:meth:`word`).
     """
 
     def __init__(
@@ -91,19 +96,27 @@ class Agreement:
         self.timeout = timeout
         self.stats = stats
 
-    def all_gather(self, tensor: Tensor, what: str) -> list[Tensor]:
-        """Every rank's host ``tensor`` (``what`` it is, for errors), in the agreement group's rank order."""
-        assert tensor.device.type == "cpu"
+    def intents(self, mine: Intent) -> list[Intent]:
+        """Every rank's intent at this boundary (this rank's is ``mine``), in the group's rank order."""
+        packed = _pack_intent(mine)
         self.stats.collectives += 1
-        pieces = [torch.empty_like(tensor) for _ in range(dist.get_world_size(self.group))]
-        self._wait(dist.all_gather(pieces, tensor, group=self.group, async_op=True), what)
-        return pieces
+        everyone = [torch.empty_like(packed) for _ in range(dist.get_world_size(self.group))]
+        work = dist.all_gather(everyone, packed, group=self.group, async_op=True)
+        self._wait(work, "what each rank decodes next")
+        return [_unpack_intent(said) for said in everyone]
 
-    def broadcast(self, tensor: Tensor, src: int, what: str) -> None:
-        """Overwrite host ``tensor`` with global rank ``src``'s (``what`` it is, for errors)."""
-        assert tensor.device.type == "cpu"
+    def word(self, src: int, word: Word, error: str, *, chunk: int) -> tuple[int, str]:
+        """The word global rank ``src`` (the output rank) says on chunk ``chunk``, and its error's text.
+
+        Every rank calls it; only ``src``'s ``word`` and ``error`` are sent, the others' are overwritten.
+        """
+        status = torch.zeros(1 + _TEXT_BYTES, dtype=torch.uint8)
+        status[0] = int(word)
+        _encode_text(error, status[1:])
         self.stats.collectives += 1
-        self._wait(dist.broadcast(tensor, src=src, group=self.group, async_op=True), what)
+        work = dist.broadcast(status, src=src, group=self.group, async_op=True)
+        self._wait(work, f"the output rank's verdict on chunk {chunk}")
+        return int(status[0]), _decode_text(status[1:])
 
     def _wait(self, work: dist.Work | None, what: str) -> None:
         assert work is not None
@@ -115,6 +128,99 @@ class Agreement:
                 f"{self.timeout}): a peer died, stalled, or ran other collectives"
             )
             raise
+
+
+# ------------------------------------------------------------------------ the agreement's wire format
+
+_TEXT_BYTES = 256  # an error's text in a word or an intent: UTF-8, truncated
+_SHARD_CODES = {name: code for code, name in enumerate(get_args(ShardAxis))}
+_SHARD_NAMES = {code: name for name, code in _SHARD_CODES.items()}
+_HEADER_BYTES = 8 * 8  # an intent's int64s: kind, the five dims of a shape, shard, output_rank
+
+
+class Word(enum.IntEnum):
+    """What the output rank says after each step."""
+
+    GO_ON = 0
+    FAILED = 1  # publishing failed (its error's text follows): every rank stops after this step
+    WALK_ENDED = 2  # not sharded: the output rank's walk has no step left
+
+
+class Next(enum.IntEnum):
+    """What a rank is about to do at a boundary."""
+
+    LATENT = 1  # decode a whole latent
+    PIECE = 2  # decode the next piece of a stream
+    FINISH = 3  # end a stream
+    STOP = 4  # leave a stream before its end (its reason's text follows)
+
+
+_NEXT_NAMES: dict[int, str] = {
+    Next.LATENT: "a whole latent",
+    Next.PIECE: "a piece",
+    Next.FINISH: "finish",
+    Next.STOP: "stopped",
+}
+
+
+@dataclass(frozen=True)
+class Intent:
+    """What one rank says it does next, at a boundary: the ranks go on only if all say the same."""
+
+    kind: int  # a Next (a peer's as it sent it)
+    shape: tuple[int, ...]  # the latent's or piece's [B, C, T, H, W]; zeros for none
+    shard: str  # the decoder's shard option ("code N" for one this version does not know)
+    output_rank: int
+    reason: str = ""  # why the rank stops (Next.STOP): what its peers' PeerDecodeError says
+
+    def same_as(self, other: Intent) -> bool:
+        """Whether ``other`` says the same (its reason aside)."""
+        return (self.kind, self.shape, self.shard, self.output_rank) == (
+            other.kind,
+            other.shape,
+            other.shard,
+            other.output_rank,
+        )
+
+    def describe(self) -> str:
+        """What this intent says, for the error that ranks which disagree raise."""
+        what = _NEXT_NAMES.get(self.kind, f"kind {self.kind}")
+        if self.kind in (Next.LATENT, Next.PIECE):
+            what += f" of shape {list(self.shape)}"
+        return f"{what}, shard {self.shard!r}, output_rank {self.output_rank}"
+
+
+def _pack_intent(intent: Intent) -> Tensor:
+    header = [int(intent.kind), *intent.shape, _SHARD_CODES[intent.shard], intent.output_rank]
+    assert 8 * len(header) == _HEADER_BYTES, intent
+    packed = torch.zeros(_HEADER_BYTES + _TEXT_BYTES, dtype=torch.uint8)
+    packed[:_HEADER_BYTES] = torch.tensor(header, dtype=torch.int64).view(torch.uint8)
+    _encode_text(intent.reason, packed[_HEADER_BYTES:])
+    return packed
+
+
+def _unpack_intent(packed: Tensor) -> Intent:
+    kind, *shape, shard, output_rank = packed[:_HEADER_BYTES].view(torch.int64).tolist()
+    return Intent(
+        kind=kind,
+        shape=tuple(shape),
+        shard=_SHARD_NAMES.get(shard, f"code {shard}"),
+        output_rank=output_rank,
+        reason=_decode_text(packed[_HEADER_BYTES:]),
+    )
+
+
+def _encode_text(text: str, into: Tensor) -> None:
+    told = text.encode()[: into.numel()]
+    if told:
+        into[: len(told)] = torch.frombuffer(bytearray(told), dtype=torch.uint8)
+
+
+def _decode_text(data: Tensor) -> str:
+    return bytes(data.tolist()).rstrip(b"\0").decode(errors="replace")
+
+
+# ------------------------------------------------------------------------------ the agreement's group
 
 
 def _runs_on_host(group: dist.ProcessGroup | None) -> bool:
@@ -147,7 +253,7 @@ def agreement_group(group: dist.ProcessGroup | None, timeout: timedelta) -> dist
         if side is None:
             if not dist.is_gloo_available():
                 raise RuntimeError(
-                    "ShardedWanDecoder needs torch.distributed's gloo backend for its agreement"
+                    "a sharded decoder needs torch.distributed's gloo backend for its agreement"
                 )
             ranks = dist.get_process_group_ranks(whole)
             every = len(ranks) == dist.get_world_size()

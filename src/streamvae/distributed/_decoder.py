@@ -1,13 +1,18 @@
-"""The sharded decoder: one decode split into strips across a process group, for every streamed family.
+"""The sharded decoders: one decode split into strips across a process group, stepped in lockstep.
+
+:class:`ShardedDecoder` has a family adapter (``streamvae.models.chunked_decoder``) and runs that family's
+walk through time on this rank's strip of the latent, with the hooks of ``_hooks`` making each strip's
+output rows the whole frame's. :class:`ShardedWanDecoder` is the sharded decoder of the Wan family, whose
+decoders are causal across calls: it adds latents that arrive in pieces. Both are
+:class:`~streamvae.models.ChunkedDecoder`\\ s with the whole of that surface: the steps (``iter_chunks``;
+``start`` / ``feed`` / ``end``) yield each whole chunk on the output rank, and ``decode_with_chunks``
+(``feed_with_chunks``, ``end_with_chunks``) drive those same steps into ``on_chunk``.
 
 Owns the step loop every rank runs in the same order — decode this rank's strip of a step, gather the chunk
-on the output rank, publish it there, agree on the output rank's verdict — and the boundaries before each
-walk (a whole latent, one piece of a stream, the stream's end), where the ranks agree on what comes next.
-The failure rule is built on both: every rank stops at the same boundary, the rank whose failure it was
-raising its own error and the others :class:`PeerDecodeError`.
-
-The strips themselves are the family adapter's (``streamvae.models.chunked_decoder``) decode of a strip of
-the latent, with the hooks of ``_halo`` making each strip's output rows the whole frame's.
+on the output rank, hand it on there, agree on the output rank's word — and the boundaries before each walk
+(a whole latent, one piece of a stream, the stream's end), where the ranks agree on what comes next
+(``_collectives.Agreement`` carries both). The failure rule is built on them: every rank stops at the same
+boundary, the rank whose failure it was raising its own error and the others :class:`PeerDecodeError`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, get_args
 
 import torch
 import torch.distributed as dist
@@ -30,34 +35,32 @@ from streamvae.distributed._auto import choose_axis
 from streamvae.distributed._collectives import (
     Agreement,
     Collectives,
+    Intent,
+    Next,
+    Word,
     agreement_group,
     comm_device,
     global_rank,
 )
-from streamvae.distributed._halo import ShardContext, active, check_shardable, install_hooks
+from streamvae.distributed._context import ShardContext, active
+from streamvae.distributed._hooks import check_shardable, install_hooks
 from streamvae.distributed._launch import resolve_collective_timeout
 from streamvae.distributed._layout import AXIS_DIM, ShardAxis, StripLayout
 from streamvae.distributed._stats import ShardedDecodeStats
 from streamvae.models import ChunkedDecoder, DecodeState, chunked_decoder
 from streamvae.models._common import uses_spatial_tiling
+from streamvae.models.wan import WanChunkedDecoder
 
-_TEXT_BYTES = 256  # an error's text in a verdict or a boundary: UTF-8, truncated
-_SHARD_CODES = {"auto": 0, "height": 1, "width": 2}
-
-# What the output rank says after each step.
-_GO_ON, _FAILED, _WALK_ENDED = 0, 1, 2
-
-# What a rank is about to do at a boundary.
-_LATENT, _PIECE, _FINISH, _STOP = 1, 2, 3, 4
-_BOUNDARY_KINDS = {_LATENT: "a whole latent", _PIECE: "a piece", _FINISH: "finish", _STOP: "stopped"}
+_NO_SHAPE = (0,) * 5  # what a boundary without a latent (a stream's end, a stop) says for its shape
 
 
 class PeerDecodeError(StreamVAEError, RuntimeError):
     """Raised on a rank whose peer stopped the decode: every rank stopped at the same boundary.
 
-    The output rank's ``on_chunk`` failed (a failed session, an encoder error) or its caller was cancelled;
-    or, in a stream of latent pieces, a rank failed, was cancelled or left its stream before the others
-    (then the output rank raises this too). The rank whose failure it was raises its own error.
+    The output rank's ``on_chunk`` failed (a failed session, an encoder error), its caller was cancelled or
+    its consumer stopped taking chunks; or, in a stream of latent pieces, a rank failed, was cancelled or
+    left its stream before the others (then the output rank raises this too). The rank whose failure it
+    was raises its own error.
     """
 
     def __init__(self, message: str, *, chunk: int, output_error: str, rank: int | None = None) -> None:
@@ -74,28 +77,38 @@ class _Verdict:
     chunk: int
     error: str
     rank: int | None = None
+    own: bool = False  # this rank's own failure: it raises that error, not PeerDecodeError
 
 
-def _encode_text(text: str, into: Tensor) -> None:
-    told = text.encode()[: into.numel()]
-    if told:
-        into[: len(told)] = torch.frombuffer(bytearray(told), dtype=torch.uint8)
+# One walk's steps: each whole chunk is yielded on the output rank (nothing elsewhere), and what is sent
+# back is why handing it on failed (None: it did not). A walk returns the verdict that stopped it (None:
+# it ended) and the next chunk's index.
+_Walk = Generator[Tensor, BaseException | None, tuple[_Verdict | None, int]]
+_Steps = Generator[Tensor, BaseException | None, None]
 
 
-def _decode_text(data: Tensor) -> str:
-    return bytes(data.tolist()).rstrip(b"\0").decode(errors="replace")
+class _Turn:
+    """One decode or stream at a time per decoder: a whole latent's decode, or a stream start to end."""
 
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._lock = threading.Lock()
 
-@dataclass(eq=False)
-class _ShardedState(DecodeState):
-    """A stream of latent pieces decoded across the group: the split, and the strip's own stream state."""
+    def take(self) -> None:
+        """Take the turn, or raise RuntimeError at once if a decode or stream holds it."""
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError(f"{self._owner} runs one decode or stream at a time")
 
-    layout: StripLayout | None = None  # None: not sharded, the output rank decodes alone
-    inner: DecodeState | None = None  # the family adapter's state for this rank's strip (None: idle rank)
-    stats: ShardedDecodeStats = field(default_factory=ShardedDecodeStats)
-    chunks: int = 0  # the steps walked so far (the index of the next chunk)
-    device: torch.device | None = None  # where the pieces are decoded (the first piece's device)
-    stopped: bool = False  # the ranks stopped together: nothing more is agreed on
+    def give_back(self) -> None:
+        self._lock.release()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.take()
+        try:
+            yield
+        finally:
+            self.give_back()
 
 
 class ShardedDecoder(ChunkedDecoder):
@@ -122,12 +135,16 @@ class ShardedDecoder(ChunkedDecoder):
     ``collective_timeout`` (a ``timedelta``; default: the group's own timeout) bounds every wait for a
     peer.
 
-    Failure rule (agreement): after each step the output rank broadcasts whether publishing failed. If it
-    did, every rank stops at that boundary — no rank skips a collective, none keeps decoding — and the
-    output rank raises the original error (a cancelled caller sees its cancellation, as ``decode_to_mp4``
-    arranges), every other rank :class:`PeerDecodeError`. A rank whose own decode step raises (out of
-    memory, a bug) cannot finish that step's collectives: its peers wait until the collective timeout and
-    then raise the backend's error.
+    Failure rule (agreement): after each step the output rank broadcasts whether handing the chunk on
+    failed. If it did, every rank stops at that boundary — no rank skips a collective, none keeps decoding
+    — and the output rank raises the original error (a cancelled caller sees its cancellation, as
+    ``decode_to_mp4`` arranges), every other rank :class:`PeerDecodeError`. A rank whose own decode step
+    raises (out of memory, a bug) cannot finish that step's collectives: its peers wait until the
+    collective timeout and then raise the backend's error.
+
+    Stepped (:meth:`iter_chunks`), it is the same decode: every rank iterates its generator to the end; the
+    output rank's yields each whole chunk, the others' none. An output rank whose consumer stops early
+    (closes the generator, or throws into it) stops every rank at that step, as a failed ``on_chunk`` does.
 
     The agreement (what each rank is about to decode, the verdict after each step) is the only place where
     the host waits for its peers under NCCL, whose other collectives are queued on the GPU. It runs over
@@ -140,8 +157,8 @@ class ShardedDecoder(ChunkedDecoder):
     adapter before such threads start). One decode or stream at a time per adapter (another raises
     RuntimeError), and ranks run their sharded decodes of one group in the same order. ``vae.use_tiling``
     must not apply to the latent (sharding is the way to cut memory here): a latent that would tile raises
-    ValueError on every rank before any collective. Whole latents only, unless the family decodes latents
-    in pieces (:class:`ShardedWanDecoder`).
+    ValueError on every rank before any collective. Whole latents only: latents in pieces are
+    :class:`ShardedWanDecoder`'s.
     """
 
     def __init__(
@@ -155,7 +172,7 @@ class ShardedDecoder(ChunkedDecoder):
         **family_kwargs: Any,
     ) -> None:
         owner = type(self).__name__
-        check_choice("shard", shard, tuple(_SHARD_CODES), owner=owner)
+        check_choice("shard", shard, get_args(ShardAxis), owner=owner)
         self.shard: ShardAxis = shard
         if collective_timeout is not None and not isinstance(collective_timeout, timedelta):
             raise TypeError(
@@ -168,10 +185,12 @@ class ShardedDecoder(ChunkedDecoder):
                 "(torch.distributed.init_process_group; under torchrun, "
                 "streamvae.distributed.init_distributed)"
             )
-        #: the family adapter each rank runs on its strip
-        self.family: ChunkedDecoder = self._family_adapter(vae, family_kwargs)
         # A distributed decode drains: its peers wait on this rank in collectives until the agreed stop.
-        super().__init__(vae, latent_channels=self.family.latent_channels, drain=True)
+        # The base refuses a VAE outside ``vae_classes`` (ShardedWanDecoder's family).
+        super().__init__(vae, drain=True)
+        #: the family adapter each rank runs on its strip (a TypeError names the supported classes)
+        self.family: ChunkedDecoder = chunked_decoder(vae, **family_kwargs)
+        self.latent_channels = self.family.latent_channels
         self.chunk_value_range = self.family.chunk_value_range
         self.group = group
         self.world_size = dist.get_world_size(group)
@@ -189,14 +208,10 @@ class ShardedDecoder(ChunkedDecoder):
         self.stats = ShardedDecodeStats()
         self._output_global_rank = global_rank(group, output_rank)
         self._axes = self._shardable_axes(vae.decoder)
-        self._turn = threading.Lock()  # one decode or stream at a time
+        self._turn = _Turn(owner)
         install_hooks(vae.decoder)
         # Last: under NCCL it may be a rendezvous, which a decoder refused above must not leave half done.
         self._agreement_group = agreement_group(group, self.collective_timeout)
-
-    def _family_adapter(self, vae: Any, family_kwargs: dict[str, Any]) -> ChunkedDecoder:
-        """The single-process adapter of ``vae`` (TypeError naming the supported classes otherwise)."""
-        return chunked_decoder(vae, **family_kwargs)
 
     def _shardable_axes(self, decoder: torch.nn.Module) -> tuple[str, ...]:
         """The axes the decoder can be split along (`shard`'s, or both for "auto"); ValueError if none."""
@@ -214,35 +229,52 @@ class ShardedDecoder(ChunkedDecoder):
             raise refusals[0]
         return tuple(axes)
 
+    # -- what the family says --
+
     @property
     def is_output_rank(self) -> bool:
         """True on the rank that gathers the output and calls ``on_chunk``."""
         return self.rank == self.output_rank
 
+    @property
+    def streams(self) -> bool:
+        """The family's: whether a chunk leaves while later ones still decode (every rank walks alike)."""
+        return self.family.streams
+
+    def output_frames(self, latent_frames: int) -> int | None:
+        """The family's count of frames per entry for ``latent_frames`` latent frames (None: unknown)."""
+        return self.family.output_frames(latent_frames)
+
     def prepare_latents(self, z: Tensor) -> Tensor:
         """Validate a de-normalized latent and cast it to the VAE's dtype and device, as the family does."""
         return self.family.prepare_latents(z)
 
-    def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
-        """Not available: each step is a collective that every rank runs in lockstep with its peers, so
-        the decode is driven by :meth:`decode_with_chunks` on every rank, never by one rank's consumer."""
-        raise TypeError(
-            f"{type(self).__name__} decodes in lockstep with its peers: call decode_with_chunks on every rank"
-        )
-
     def check_takes_pieces(self, *, owner: str | None = None) -> None:
-        """Raise TypeError unless the family decodes latents that arrive in pieces (Wan, Qwen-Image)."""
-        if self.family.takes_pieces:
+        """Raise TypeError unless this decoder decodes latents in pieces (``takes_pieces``)."""
+        if self.takes_pieces:
             return
         prefix = "" if owner is None else f"{owner}: "
+        causal = " and ".join(cls.__name__ for cls in ShardedWanDecoder.vae_classes)
         raise TypeError(
-            f"{prefix}{type(self).__name__} of an {type(self.vae).__name__} decodes whole latents only: that "
-            "decoder is not causal across calls, so a piece's frames depend on latents still to come. Pass "
-            "the whole latent to decode_to_mp4 on every rank (pieces work for AutoencoderKLWan and "
-            "AutoencoderKLQwenImage)"
+            f"{prefix}{type(self).__name__} of an {type(self.vae).__name__} decodes whole latents only: pass "
+            "the whole latent to decode_to_mp4 on every rank. Latents in pieces need a decoder that is "
+            f"causal across calls: a ShardedWanDecoder, which sharded_decoder gives for {causal}"
         )
 
     # -- whole latents --
+
+    def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
+        """Decode ``z`` [B, C, T, H, W], the same on every rank, step by step in lockstep with the peers.
+
+        A generator: on the output rank, of each whole BCTHW chunk, in order; on the others, of nothing (it
+        ends when the decode does). Call it on every rank and iterate each generator to its end. Each step
+        runs when the output rank asks for its chunk (its peers wait in that step's collectives), and the
+        generator keeps no chunk it yielded. Closing the output rank's generator early, or throwing into it,
+        stops every rank after that step: the others raise :class:`PeerDecodeError`. ``z`` is checked now;
+        the decode, its turn and its first collective begin at the first step.
+        """
+        self.check_latents(z)
+        return self._latent_steps(z)
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
         """Decode ``z`` [B, C, T, H, W], the same on every rank; the output rank publishes each chunk.
@@ -252,137 +284,54 @@ class ShardedDecoder(ChunkedDecoder):
         error (no chunk retained) and the others raise :class:`PeerDecodeError`. Ranks whose latents
         differ in shape all raise ValueError after the first collective.
         """
-        with self._decode_turn(), _on_device(z):
+        self.check_latents(z)
+        with _on_device(z.device):
+            self._publish(self._latent_steps(z), on_chunk)
+
+    def _latent_steps(self, z: Tensor) -> _Steps:
+        """The steps of a whole latent's decode, with the turn held from the first to the last."""
+        with self._turn.held():
             self.stats = stats = ShardedDecodeStats()
-            self._check_untiled(z)
+            self._check_untiled(z.shape[-2], z.shape[-1])
             layout = self._plan(z.shape[-2], z.shape[-1])
             comm, agreement = self._collectives(z.device, stats)
-            self._agree_boundary(agreement, _LATENT, z.shape, chunk=0)
-            steps = None
-            if layout is not None:
-                steps = self.family.iter_chunks(layout.strip_of(z))
-            elif self.is_output_rank:
-                steps = self.family.iter_chunks(z)
-            publisher = ChunkPublisher(on_chunk, drain=True)
+            with _on_device(z.device):
+                self._agree_boundary(agreement, Next.LATENT, z.shape, chunk=0)
+                steps = None
+                if layout is not None:
+                    steps = self.family.iter_chunks(layout.strip_of(z))
+                elif self.is_output_rank:
+                    steps = self.family.iter_chunks(z)
             try:
-                verdict, _ = self._walk(steps, layout, comm, agreement, publisher, stats, first_chunk=0)
+                verdict, _ = yield from self._walk(
+                    steps, layout, comm, agreement, stats, z.device, first_chunk=0
+                )
             finally:
                 if steps is not None:
                     steps.close()  # frees the decoder caches now
             stats.latent_frames += z.shape[2]
-            publisher.raise_if_failed()
-            if verdict is not None:
-                raise _peer_error(verdict, self.output_rank)
-
-    # -- latents in pieces --
-
-    def start(self, batch: int, height: int, width: int) -> DecodeState:
-        """Begin a stream of latent pieces [batch, C, t, height, width] on this rank (no collective yet).
-
-        Every rank of the group starts one and feeds the same pieces in the same order; the first feed
-        agrees on them. The split is chosen now, from ``height`` and ``width``.
-        """
-        self.check_takes_pieces()
-        if not self._turn.acquire(blocking=False):
-            raise RuntimeError(f"{type(self).__name__} runs one decode or stream at a time")
-        try:
-            self._check_untiled_size(height, width)
-            layout = self._plan(height, width)
-            inner = None
-            if layout is not None:
-                inner = self.family.start(batch, *layout.strip_size(height, width))
-            elif self.is_output_rank:
-                inner = self.family.start(batch, height, width)
-        except BaseException:
-            self._turn.release()
-            raise
-        self.stats = stats = ShardedDecodeStats()
-        return _ShardedState(
-            owner=self, batch=batch, height=height, width=width, layout=layout, inner=inner, stats=stats
-        )
-
-    def feed_with_chunks(self, state: DecodeState, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
-        """Decode the next piece ``z`` of ``state``'s stream, the same piece on every rank, in lockstep.
-
-        The ranks first agree on the piece: pieces that differ in shape between ranks raise ValueError on
-        every rank, and a rank that stopped its stream (it failed, was cancelled or left) makes the others
-        raise :class:`PeerDecodeError`. Then as :meth:`decode_with_chunks`.
-        """
-        state = self._open(state)
-        self.check_latents(z)
-        if (z.shape[0], *z.shape[3:]) != (state.batch, state.height, state.width):
-            raise ValueError(
-                f"{type(self).__name__}: z must be a piece of the stream's latent [{state.batch}, "
-                f"{self.latent_channels}, frames, {state.height}, {state.width}], got shape {tuple(z.shape)}"
-            )
-        with _on_device(z):
-            state.device = z.device
-            comm, agreement = self._collectives(z.device, state.stats)
-            self._agree_on(state, agreement, _PIECE, z.shape)
-            steps = None
-            if state.inner is not None:
-                piece = z if state.layout is None else state.layout.strip_of(z)
-                steps = self.family.feed(state.inner, piece)
-            state.fed += z.shape[2]
-            self._walk_piece(state, steps, comm, agreement, on_chunk)
-            state.decoded = state.fed
-            state.stats.latent_frames += z.shape[2]
-
-    def end_with_chunks(self, state: DecodeState, *, on_chunk: Callable[[Tensor], None]) -> None:
-        """End ``state``'s stream on every rank together (the ranks agree that all of them finish)."""
-        state = self._open(state)
-        try:
-            device = torch.device("cpu") if state.device is None else state.device
-            comm, agreement = self._collectives(device, state.stats)
-            self._agree_on(state, agreement, _FINISH, None)
-            steps = None if state.inner is None else self.family.end(state.inner)
-            self._walk_piece(state, steps, comm, agreement, on_chunk)  # what the family held back
-        finally:
-            self._close(state)
-
-    def _walk_piece(
-        self,
-        state: _ShardedState,
-        steps: Iterator[Tensor] | None,
-        comm: Collectives,
-        agreement: Agreement,
-        on_chunk: Callable[[Tensor], None],
-    ) -> None:
-        """One piece's walk (or the end's), under the failure rule: the ranks stop together or go on."""
-        publisher = ChunkPublisher(on_chunk, drain=True)
-        try:
-            verdict, state.chunks = self._walk(
-                steps, state.layout, comm, agreement, publisher, state.stats, first_chunk=state.chunks
-            )
-        finally:
-            close = getattr(steps, "close", None)
-            if close is not None:
-                close()
-        if verdict is not None:
-            state.stopped = True
-        publisher.raise_if_failed()
-        if verdict is not None:
-            raise _peer_error(verdict, self.output_rank)
-
-    def abort(self, state: DecodeState, *, reason: str | None = None) -> None:
-        """End ``state``'s stream without finishing it: tell the peers (unless the ranks stopped together
-        already), free the caches. ``reason`` is what the peers' :class:`PeerDecodeError` will say."""
-        assert isinstance(state, _ShardedState)
-        self._check_owner(state)
-        if state.ended:
-            return
-        try:
-            if not state.stopped:
-                told = reason or "the stream was left before finish()"
-                _, agreement = self._collectives(torch.device("cpu"), state.stats)
-                # A peer that is gone or stuck makes this raise within the timeout; this rank is failing
-                # already with its own error, which must stay the one raised.
-                with contextlib.suppress(RuntimeError, ValueError, PeerDecodeError):
-                    self._agree_boundary(agreement, _STOP, None, chunk=state.chunks, text=told)
-        finally:
-            self._close(state)
+            self._raise_if_a_peer_stopped(verdict)
 
     # -- the steps --
+
+    def _publish(self, steps: _Steps, on_chunk: Callable[[Tensor], None]) -> None:
+        """Drive ``steps`` into ``on_chunk`` under the failure rule.
+
+        The first error ``on_chunk`` raises is sent back into the walk, where every rank stops after that
+        step; it is re-raised once the walk is over.
+        """
+        publisher = ChunkPublisher(on_chunk, drain=True)
+        try:
+            chunk = next(steps)
+            while True:
+                publisher.publish(chunk)
+                del chunk  # a failed decode's traceback holds this frame: it must not hold a chunk
+                chunk = steps.send(publisher.error)
+        except StopIteration:
+            pass
+        finally:
+            steps.close()
+        publisher.raise_if_failed()
 
     def _walk(
         self,
@@ -390,31 +339,26 @@ class ShardedDecoder(ChunkedDecoder):
         layout: StripLayout | None,
         comm: Collectives,
         agreement: Agreement,
-        publisher: ChunkPublisher,
         stats: ShardedDecodeStats,
+        device: torch.device,
         *,
         first_chunk: int,
-    ) -> tuple[_Verdict | None, int]:
+    ) -> _Walk:
         """Run one walk (a latent, a piece, a stream's end) to its end or to the step where the ranks stop
-        together; returns the verdict that stopped it (None: it ended) and the next chunk's index."""
+        together (see ``_Walk``)."""
         if layout is None:
-            return self._walk_alone(steps, agreement, publisher, stats, first_chunk)
+            return (yield from self._walk_alone(steps, agreement, stats, device, first_chunk))
         if steps is None:
             return None, first_chunk
         context = ShardContext(self.vae.decoder, layout, comm)
         index = first_chunk
         while True:
-            with active(context):
-                strip_chunk = next(steps, None)
-            if strip_chunk is None:
+            with _on_device(device):
+                held = self._step(steps, context, comm, stats)
+            if held is None:
                 return None, index  # every rank's walk has the same steps: all end here together
-            stats.steps += 1
-            chunk = self._gather_chunk(comm, layout, strip_chunk)
-            del strip_chunk
-            if chunk is not None:
-                publisher.publish(chunk)
-                del chunk  # a failed decode's traceback holds this frame: it must not hold a chunk
-            _, verdict = self._agree_step(agreement, publisher, index, ended=False)
+            failure = (yield from self._hand_on(held, agreement, stats, index)) if held else None
+            _, verdict = self._agree_step(agreement, failure, index, ended=False)
             index += 1
             if verdict is not None:
                 stats.stopped_at = index - 1
@@ -424,90 +368,109 @@ class ShardedDecoder(ChunkedDecoder):
         self,
         steps: Iterator[Tensor] | None,
         agreement: Agreement,
-        publisher: ChunkPublisher,
         stats: ShardedDecodeStats,
+        device: torch.device,
         index: int,
-    ) -> tuple[_Verdict | None, int]:
+    ) -> _Walk:
         """Not sharded: the output rank decodes the whole, the others follow its verdict after each step
         (a step more than the walk has, to hear that it ended)."""
         while True:
-            ended = True
+            ended, held = True, list[Tensor]()
             if self.is_output_rank and steps is not None:
-                chunk = next(steps, None)
-                ended = chunk is None
+                with _on_device(device):
+                    chunk = next(steps, None)
                 if chunk is not None:
+                    ended = False
                     stats.steps += 1
-                    publisher.publish(chunk)
+                    held.append(chunk)
                     del chunk
-            status, verdict = self._agree_step(agreement, publisher, index, ended=ended)
-            if status == _WALK_ENDED:
+            failure = (yield from self._hand_on(held, agreement, stats, index)) if held else None
+            status, verdict = self._agree_step(agreement, failure, index, ended=ended)
+            if status == Word.WALK_ENDED:
                 return None, index
             index += 1
             if verdict is not None:
                 stats.stopped_at = index - 1
                 return verdict, index
 
-    def _gather_chunk(self, comm: Collectives, layout: StripLayout, strip_chunk: Tensor) -> Tensor | None:
-        """The whole chunk on the output rank (None elsewhere), from every rank's strip of it."""
+    def _step(
+        self, steps: Iterator[Tensor], context: ShardContext, comm: Collectives, stats: ShardedDecodeStats
+    ) -> list[Tensor] | None:
+        """Decode this rank's strip of the next step and gather its chunk: ``[chunk]`` on the output rank,
+        ``[]`` elsewhere; None once the walk has ended."""
+        with active(context):
+            strip_chunk = next(steps, None)
+        if strip_chunk is None:
+            return None
+        stats.steps += 1
+        layout = context.layout
         scale = layout.scale_of(strip_chunk)
         pieces = comm.gather(layout.pad(strip_chunk, scale), self.output_rank)
         if pieces is None:
-            return None
-        return layout.join(pieces, scale).to(strip_chunk.device)
+            return []
+        return [layout.join(pieces, scale).to(strip_chunk.device)]
+
+    def _hand_on(
+        self, held: list[Tensor], agreement: Agreement, stats: ShardedDecodeStats, index: int
+    ) -> Generator[Tensor, BaseException | None, BaseException | None]:
+        """Yield chunk ``index`` (taken out of ``held``: a suspended walk holds no chunk it yielded) and
+        return why handing it on failed (None: it did not).
+
+        A consumer that stops taking chunks (it closes the generator, or throws into it) stops every rank
+        at this step: the peers hear it in this step's agreement, then the exit goes on. ``stopped_at`` then
+        records the step, which a stream's walk reads to know that the ranks stopped together.
+        """
+        try:
+            return (yield held.pop())
+        except BaseException as stopped:  # GeneratorExit from close(), or what the consumer threw in
+            self._agree_step(agreement, stopped, index, ended=False)
+            stats.stopped_at = index
+            raise
 
     def _agree_step(
-        self, agreement: Agreement, publisher: ChunkPublisher, index: int, *, ended: bool
+        self, agreement: Agreement, failure: BaseException | None, index: int, *, ended: bool
     ) -> tuple[int, _Verdict | None]:
-        """Broadcast the output rank's word on chunk ``index``: go on, failed (with the verdict), or (not
-        sharded) the walk ended. ``ended`` is what the output rank says when publishing did not fail."""
-        status = torch.zeros(1 + _TEXT_BYTES, dtype=torch.uint8)
+        """Broadcast the output rank's word on chunk ``index``: go on, failed (``failure``, with the
+        verdict), or (not sharded) the walk ended. ``ended`` is what the output rank says when handing the
+        chunk on did not fail."""
+        word, error = Word.GO_ON, ""
         if self.is_output_rank:
-            if publisher.error is not None:
-                status[0] = _FAILED
-                _encode_text(describe_first_cause(publisher.error), status[1:])
+            if failure is not None:
+                word, error = Word.FAILED, _what_stopped(failure)
             elif ended:
-                status[0] = _WALK_ENDED
-        agreement.broadcast(status, self._output_global_rank, f"the output rank's verdict on chunk {index}")
-        said = int(status[0])
-        if said != _FAILED:
+                word = Word.WALK_ENDED
+        said, text = agreement.word(self._output_global_rank, word, error, chunk=index)
+        if said != Word.FAILED:
             return said, None
-        return said, _Verdict(chunk=index, error=_decode_text(status[1:]))
+        return said, _Verdict(chunk=index, error=text, own=failure is not None)
+
+    def _raise_if_a_peer_stopped(self, verdict: _Verdict | None) -> None:
+        if verdict is not None and not verdict.own:
+            raise _peer_error(verdict, self.output_rank)
 
     # -- boundaries --
 
-    def _agree_on(self, state: _ShardedState, agreement: Agreement, kind: int, shape: Any) -> None:
-        """A stream's boundary: agree, and mark the stream stopped on every rank if the ranks disagree."""
-        try:
-            self._agree_boundary(agreement, kind, shape, chunk=state.chunks)
-        except (ValueError, PeerDecodeError):
-            state.stopped = True  # every rank saw the same disagreement
-            raise
-
     def _agree_boundary(
-        self, agreement: Agreement, kind: int, shape: Any, *, chunk: int, text: str = ""
+        self, agreement: Agreement, kind: Next, shape: Any, *, chunk: int, reason: str = ""
     ) -> None:
         """All-gather what every rank is about to do; raise on every rank alike unless all do the same.
 
-        A rank that stops (``_STOP``) makes the others raise :class:`PeerDecodeError`; different latents,
-        shard settings or output ranks raise ValueError everywhere.
+        A rank that stops (``Next.STOP``, saying ``reason``) makes the others raise
+        :class:`PeerDecodeError`; different latents, shard settings or output ranks raise ValueError
+        everywhere.
         """
-        dims = tuple(shape) if shape is not None else (0,) * 5
-        header = [kind, *dims, _SHARD_CODES[self.shard], self.output_rank]
-        mine = torch.zeros(8 * len(header) + _TEXT_BYTES, dtype=torch.uint8)
-        mine[: 8 * len(header)] = torch.tensor(header, dtype=torch.int64).view(torch.uint8)
-        _encode_text(text, mine[8 * len(header) :])
-        everyone = agreement.all_gather(mine, "what each rank decodes next")
-        said = [tuple(t[: 8 * len(header)].view(torch.int64).tolist()) for t in everyone]
-        if all(s == said[0] for s in said):
+        shape = _NO_SHAPE if shape is None else tuple(shape)
+        everyone = agreement.intents(Intent(kind, shape, self.shard, self.output_rank, reason))
+        if all(said.same_as(everyone[0]) for said in everyone):
             return
-        stops = [rank for rank, s in enumerate(said) if s[0] == _STOP]
+        stops = [rank for rank, said in enumerate(everyone) if said.kind == Next.STOP]
         if stops:
-            if kind == _STOP:
+            if kind == Next.STOP:
                 return  # this rank is stopping anyway: its own error is raised
             rank = stops[0]
-            reason = _decode_text(everyone[rank][8 * len(header) :])
-            raise _peer_error(_Verdict(chunk=chunk, error=reason, rank=rank), self.output_rank)
-        described = "; ".join(f"rank {rank}: {_describe(s)}" for rank, s in enumerate(said))
+            verdict = _Verdict(chunk=chunk, error=everyone[rank].reason, rank=rank)
+            raise _peer_error(verdict, self.output_rank)
+        described = "; ".join(f"rank {rank}: {said.describe()}" for rank, said in enumerate(everyone))
         raise ValueError(
             "every rank must decode the same latents with the same shard and output_rank, in the same "
             f"order; they differ: {described}"
@@ -515,14 +478,224 @@ class ShardedDecoder(ChunkedDecoder):
 
     # -- helpers --
 
-    @contextlib.contextmanager
-    def _decode_turn(self) -> Iterator[None]:
-        if not self._turn.acquire(blocking=False):
-            raise RuntimeError(f"{type(self).__name__} runs one decode or stream at a time")
+    def _collectives(self, device: torch.device, stats: ShardedDecodeStats) -> tuple[Collectives, Agreement]:
+        comm = Collectives(self.group, comm_device(self.group, device), stats)
+        return comm, Agreement(self._agreement_group, self.collective_timeout, stats)
+
+    def _plan(self, height: int, width: int) -> StripLayout | None:
+        """This rank's strip of a latent of this size (None: not sharded, the output rank decodes alone)."""
+        chosen: str | None = self.shard
+        if self.shard == "auto":
+            chosen = choose_axis(height, width, self.world_size)
+            if chosen is not None and chosen not in self._axes:
+                chosen = next((axis for axis in self._axes if axis != chosen), None)
+        if chosen is None:
+            return None
+        dim = AXIS_DIM[chosen]
+        return StripLayout.plan(height if dim == -2 else width, self.world_size, self.rank, dim)
+
+    def _check_untiled(self, height: int, width: int) -> None:
+        # Decided on the whole latent, so every rank decides alike before its first collective.
+        vae = self.vae
+        own = getattr(vae, "tile_latent_min_height", None)  # CogVideoX keeps its latent tile size
+        latent_tile = None if own is None else (int(own), int(vae.tile_latent_min_width))
+        if uses_spatial_tiling(vae, height, width, latent_tile=latent_tile):
+            raise ValueError(
+                f"{type(self).__name__} decodes untiled strips, but vae.use_tiling would tile this latent: "
+                "call vae.disable_tiling() (sharding is what cuts the memory here)"
+            )
+
+
+@dataclass(eq=False)
+class _ShardedState(DecodeState):
+    """A stream of latent pieces decoded across the group: the split, and the strip's own stream state."""
+
+    layout: StripLayout | None = None  # None: not sharded, the output rank decodes alone
+    inner: DecodeState | None = None  # the family adapter's state for this rank's strip (None: idle rank)
+    stats: ShardedDecodeStats = field(default_factory=ShardedDecodeStats)
+    chunks: int = 0  # the steps walked so far (the index of the next chunk)
+    device: torch.device | None = None  # where the pieces are decoded (the first piece's device)
+    stopped: bool = False  # the ranks stopped together: nothing more is agreed on
+
+
+class ShardedWanDecoder(ShardedDecoder):
+    """The :class:`ShardedDecoder` of an ``AutoencoderKLWan`` (2.1 or 2.2) or ``AutoencoderKLQwenImage``.
+
+    Their decoders are causal across calls, so besides whole latents it decodes latents that arrive in
+    pieces: every rank calls ``open_latent_stream(decoder, fps=...)`` and pushes the same pieces in the
+    same order. The output rank's MP4 is the one ``decode_to_mp4(vae, torch.cat(pieces, dim=2))`` writes
+    in one process; the other ranks' ``finish()`` returns ``[]``. Before each piece, and at the end, the
+    ranks agree on what comes next: pieces whose shapes differ between ranks raise ValueError on every
+    rank, and a rank that fails, is cancelled or leaves its stream makes every other rank raise
+    :class:`PeerDecodeError` at that boundary (a rank that stops pushing makes its peers' waits end at the
+    collective timeout). Each stream keeps its causal caches per rank, in its own state. Stepped, a stream
+    is :meth:`start`, :meth:`feed` (a generator of each piece's chunks, as :meth:`iter_chunks` is of a
+    latent's) and :meth:`end`, on every rank.
+    """
+
+    vae_classes = WanChunkedDecoder.vae_classes
+    takes_pieces = True
+
+    def start(self, batch: int, height: int, width: int) -> DecodeState:
+        """Begin a stream of latent pieces [batch, C, t, height, width] on this rank (no collective yet).
+
+        Every rank of the group starts one and feeds the same pieces in the same order; the first feed
+        agrees on them. The split is chosen now, from ``height`` and ``width``. The stream holds this
+        decoder's turn until it ends.
+        """
+        self._turn.take()
         try:
-            yield
+            self._check_untiled(height, width)
+            layout = self._plan(height, width)
+            inner = None
+            if layout is not None:
+                inner = self.family.start(batch, *layout.strip_size(height, width))
+            elif self.is_output_rank:
+                inner = self.family.start(batch, height, width)
+        except BaseException:
+            self._turn.give_back()
+            raise
+        self.stats = stats = ShardedDecodeStats()
+        return _ShardedState(
+            owner=self, batch=batch, height=height, width=width, layout=layout, inner=inner, stats=stats
+        )
+
+    def feed(self, state: DecodeState, z: Tensor) -> Generator[Tensor, None, None]:
+        """Decode the next piece ``z`` of ``state``'s stream, the same piece on every rank, in lockstep.
+
+        A generator of the chunks the piece makes final (on the output rank; none on the others), as
+        :meth:`iter_chunks` is of a whole latent's. The piece is checked now; the ranks agree on it at the
+        first step: pieces that differ in shape between ranks raise ValueError on every rank, and a rank
+        that stopped its stream (it failed, was cancelled or left) makes the others raise
+        :class:`PeerDecodeError`. Take every chunk of a piece before feeding the next; an output rank that
+        stops early stops every rank's stream at that step (then only :meth:`end` or :meth:`abort`).
+        """
+        state = self._check_piece(state, z)
+        return self._piece_steps(state, z)
+
+    def feed_with_chunks(self, state: DecodeState, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        """:meth:`feed` piece ``z`` and publish its chunks into the output rank's ``on_chunk``, under the
+        failure rule of :meth:`decode_with_chunks`."""
+        state = self._check_piece(state, z)
+        with _on_device(z.device):
+            self._publish(self._piece_steps(state, z), on_chunk)
+
+    def end(self, state: DecodeState) -> Iterator[Tensor]:
+        """End ``state``'s stream on every rank together (as :meth:`end_with_chunks`), now; gives the chunks
+        the family held back (none for Wan). A stream the ranks stopped together is only freed, and ending
+        an ended stream gives nothing."""
+        self._check_owner(state)
+        assert isinstance(state, _ShardedState)
+        if state.ended:
+            return iter(())
+        if state.stopped:
+            self._close(state)
+            return iter(())
+        return iter(list(self._finish_steps(state)))
+
+    def end_with_chunks(self, state: DecodeState, *, on_chunk: Callable[[Tensor], None]) -> None:
+        """End ``state``'s stream on every rank together (the ranks agree that all of them finish) and
+        publish what the family held back."""
+        state = self._open(state)
+        with _on_device(state.device or torch.device("cpu")):
+            self._publish(self._finish_steps(state), on_chunk)
+
+    def abort(self, state: DecodeState, *, reason: str | None = None) -> None:
+        """End ``state``'s stream without finishing it: tell the peers (unless the ranks stopped together
+        already), free the caches. ``reason`` is what the peers' :class:`PeerDecodeError` will say."""
+        self._check_owner(state)
+        assert isinstance(state, _ShardedState)
+        if state.ended:
+            return
+        try:
+            if not state.stopped:
+                told = reason or "the stream was left before finish()"
+                _, agreement = self._collectives(torch.device("cpu"), state.stats)
+                # A peer that is gone or stuck makes this raise within the timeout; this rank is failing
+                # already with its own error, which must stay the one raised.
+                with contextlib.suppress(RuntimeError, ValueError, PeerDecodeError):
+                    self._agree_boundary(agreement, Next.STOP, None, chunk=state.chunks, reason=told)
         finally:
-            self._turn.release()
+            self._close(state)
+
+    def _check_piece(self, state: DecodeState, z: Tensor) -> _ShardedState:
+        """``state``, piece ``z`` counted as fed, if ``z`` may be fed now; else ValueError or TypeError."""
+        state = self._open(state)
+        self.check_latents(z)
+        if (z.shape[0], *z.shape[3:]) != (state.batch, state.height, state.width):
+            raise ValueError(
+                f"{type(self).__name__}: z must be a piece of the stream's latent [{state.batch}, "
+                f"{self.latent_channels}, frames, {state.height}, {state.width}], got shape {tuple(z.shape)}"
+            )
+        if state.decoded != state.fed:
+            raise ValueError(
+                f"{type(self).__name__}: the previous piece was not decoded to its end "
+                f"({state.decoded} of {state.fed} latent frames); only end() or abort() is possible now"
+            )
+        state.fed += z.shape[2]
+        state.device = z.device
+        return state
+
+    def _piece_steps(self, state: _ShardedState, z: Tensor) -> _Steps:
+        comm, agreement = self._collectives(z.device, state.stats)
+        with _on_device(z.device):
+            self._agree_on(state, agreement, Next.PIECE, z.shape)
+            steps = None
+            if state.inner is not None:
+                piece = z if state.layout is None else state.layout.strip_of(z)
+                steps = self.family.feed(state.inner, piece)
+        if (yield from self._walk_piece(state, steps, comm, agreement)):
+            state.decoded = state.fed
+            state.stats.latent_frames += z.shape[2]
+
+    def _finish_steps(self, state: _ShardedState) -> _Steps:
+        try:
+            device = torch.device("cpu") if state.device is None else state.device
+            comm, agreement = self._collectives(device, state.stats)
+            with _on_device(device):
+                self._agree_on(state, agreement, Next.FINISH, None)
+                steps = None if state.inner is None else self.family.end(state.inner)
+            yield from self._walk_piece(state, steps, comm, agreement)  # what the family held back
+        finally:
+            self._close(state)
+
+    def _walk_piece(
+        self,
+        state: _ShardedState,
+        steps: Iterator[Tensor] | None,
+        comm: Collectives,
+        agreement: Agreement,
+    ) -> Generator[Tensor, BaseException | None, bool]:
+        """One piece's walk (or the end's), under the failure rule: the ranks stop together or go on.
+
+        Returns whether it went on (False: this rank's own failure stopped the ranks, which its driver
+        raises); raises :class:`PeerDecodeError` where a peer stopped them.
+        """
+        device = torch.device("cpu") if state.device is None else state.device
+        try:
+            verdict, state.chunks = yield from self._walk(
+                steps, state.layout, comm, agreement, state.stats, device, first_chunk=state.chunks
+            )
+        except BaseException:
+            if state.stats.stopped_at is not None:  # the consumer stopped taking chunks: so did every rank
+                state.stopped = True
+            raise
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+        if verdict is not None:
+            state.stopped = True
+        self._raise_if_a_peer_stopped(verdict)
+        return verdict is None
+
+    def _agree_on(self, state: _ShardedState, agreement: Agreement, kind: Next, shape: Any) -> None:
+        """A stream's boundary: agree, and mark the stream stopped on every rank if the ranks disagree."""
+        try:
+            self._agree_boundary(agreement, kind, shape, chunk=state.chunks)
+        except (ValueError, PeerDecodeError):
+            state.stopped = True  # every rank saw the same disagreement
+            raise
 
     def _open(self, state: DecodeState) -> _ShardedState:
         if not isinstance(state, _ShardedState):
@@ -543,61 +716,7 @@ class ShardedDecoder(ChunkedDecoder):
             if isinstance(chunks, Generator):
                 chunks.close()
             state.inner = None
-        self._turn.release()
-
-    def end(self, state: DecodeState) -> Iterator[Tensor]:
-        """End ``state``'s stream as :meth:`abort` does (the peers are told); gives no chunk."""
-        self.abort(state)
-        return iter(())
-
-    def _collectives(self, device: torch.device, stats: ShardedDecodeStats) -> tuple[Collectives, Agreement]:
-        comm = Collectives(self.group, comm_device(self.group, device), stats)
-        return comm, Agreement(self._agreement_group, self.collective_timeout, stats)
-
-    def _plan(self, height: int, width: int) -> StripLayout | None:
-        """This rank's strip of a latent of this size (None: not sharded, the output rank decodes alone)."""
-        chosen: str | None = self.shard
-        if self.shard == "auto":
-            chosen = choose_axis(height, width, self.world_size)
-            if chosen is not None and chosen not in self._axes:
-                chosen = next((axis for axis in self._axes if axis != chosen), None)
-        if chosen is None:
-            return None
-        dim = AXIS_DIM[chosen]
-        return StripLayout.plan(height if dim == -2 else width, self.world_size, self.rank, dim)
-
-    def _check_untiled(self, z: Tensor) -> None:
-        self._check_untiled_size(z.shape[-2], z.shape[-1])
-
-    def _check_untiled_size(self, height: int, width: int) -> None:
-        # Decided on the whole latent, so every rank decides alike before its first collective.
-        vae = self.vae
-        own = getattr(vae, "tile_latent_min_height", None)  # CogVideoX keeps its latent tile size
-        latent_tile = None if own is None else (int(own), int(vae.tile_latent_min_width))
-        if uses_spatial_tiling(vae, height, width, latent_tile=latent_tile):
-            raise ValueError(
-                f"{type(self).__name__} decodes untiled strips, but vae.use_tiling would tile this latent: "
-                "call vae.disable_tiling() (sharding is what cuts the memory here)"
-            )
-
-
-class ShardedWanDecoder(ShardedDecoder):
-    """A :class:`ShardedDecoder` of an ``AutoencoderKLWan`` (2.1 or 2.2) or ``AutoencoderKLQwenImage``.
-
-    Their decoders are causal across calls, so besides whole latents it decodes latents that arrive in
-    pieces: every rank calls ``open_latent_stream(decoder, fps=...)`` and pushes the same pieces in the
-    same order. The output rank's MP4 is the one ``decode_to_mp4(vae, torch.cat(pieces, dim=2))`` writes
-    in one process; the other ranks' ``finish()`` returns ``[]``. Before each piece, and at the end, the
-    ranks agree on what comes next: pieces whose shapes differ between ranks raise ValueError on every
-    rank, and a rank that fails, is cancelled or leaves its stream makes every other rank raise
-    :class:`PeerDecodeError` at that boundary (a rank that stops pushing makes its peers' waits end at the
-    collective timeout). Each stream keeps its causal caches per rank, in its own state.
-    """
-
-    def _family_adapter(self, vae: Any, family_kwargs: dict[str, Any]) -> ChunkedDecoder:
-        from streamvae.models.wan import WanChunkedDecoder
-
-        return WanChunkedDecoder(vae, **family_kwargs)  # raises TypeError for any other class
+        self._turn.give_back()
 
 
 def sharded_decoder(
@@ -619,10 +738,8 @@ def sharded_decoder(
     ``chunked_decoder`` takes (LTX-Video's ``temb``). Call it on every rank of ``group`` with the same
     arguments; a bad ``shard`` is a ValueError on every rank, before any collective.
     """
-    from streamvae.models.wan import WanChunkedDecoder
-
-    wan = any(isinstance(vae, cls) for cls in WanChunkedDecoder.vae_classes)
-    cls = ShardedWanDecoder if wan else ShardedDecoder
+    causal = isinstance(vae, ShardedWanDecoder.vae_classes)
+    cls = ShardedWanDecoder if causal else ShardedDecoder
     return cls(
         vae,
         shard=shard,
@@ -633,9 +750,16 @@ def sharded_decoder(
     )
 
 
-def _on_device(z: Tensor) -> contextlib.AbstractContextManager[Any]:
+def _on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     # The current CUDA device is per thread, and this runs in a worker thread, not the one that set it.
-    return torch.cuda.device(z.device) if z.device.type == "cuda" else contextlib.nullcontext()
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _what_stopped(error: BaseException) -> str:
+    """What the output rank tells its peers stopped it: the first cause of ``error``."""
+    if isinstance(error, GeneratorExit):
+        return "the output rank stopped taking chunks (its steps were closed before their end)"
+    return describe_first_cause(error)
 
 
 def _peer_error(verdict: _Verdict, output_rank: int) -> PeerDecodeError:
@@ -646,12 +770,3 @@ def _peer_error(verdict: _Verdict, output_rank: int) -> PeerDecodeError:
         output_error=verdict.error,
         rank=verdict.rank,
     )
-
-
-def _describe(said: tuple[int, ...]) -> str:
-    kind, *shape, shard, output_rank = said
-    what = _BOUNDARY_KINDS.get(kind, f"kind {kind}")
-    if kind in (_LATENT, _PIECE):
-        what += f" of shape {list(shape)}"
-    shard_name = next(name for name, code in _SHARD_CODES.items() if code == shard)
-    return f"{what}, shard {shard_name!r}, output_rank {output_rank}"

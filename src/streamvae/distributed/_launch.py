@@ -1,8 +1,9 @@
 """Joining a process group: this rank's device, and how long a decoder's waits for its peers last.
 
 :func:`init_distributed` records the timeout it created the default group with, because some torch
-versions do not report a group's timeout back; :func:`resolve_collective_timeout` finds a decoder's deadline
-from what it was given, the group, that record, and torch's defaults, in that order.
+versions do not report a group's timeout back (``_internals.group_timeout``);
+:func:`resolve_collective_timeout` finds a decoder's deadline from what it was given, the group, that
+record, and torch's defaults, in that order.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from streamvae.distributed._internals import group_timeout
 
 _init_timeout: timedelta | None = None  # the timeout init_distributed created the default group with
 
@@ -31,7 +34,7 @@ def init_distributed(
     CUDA the backend defaults to gloo on the CPU.
 
     ``timeout`` bounds every collective wait: it is how long a rank waits for a dead or stuck peer before
-    its decode raises, and :class:`ShardedWanDecoder` takes it as its ``collective_timeout``. Under NCCL
+    its decode raises, and every sharded decoder takes it as its ``collective_timeout``. Under NCCL
     it is also when PyTorch's watchdog acts on a stuck collective (by default it ends the process; see
     docs/distributed.md). Does nothing but pick and return the device if a default group already exists.
     """
@@ -83,7 +86,7 @@ def resolve_collective_timeout(group: dist.ProcessGroup | None, given: timedelta
     """``given``, else the decode group's own timeout, else torch's default for its backend."""
     if given is not None:
         return given
-    own = _group_timeout(group)
+    own = group_timeout(group)
     if own is not None:
         return own
     if _init_timeout is not None and (group is None or group is dist.group.WORLD):
@@ -91,17 +94,3 @@ def resolve_collective_timeout(group: dist.ProcessGroup | None, given: timedelta
     nccl = "nccl" in str(dist.get_backend(group)).lower()
     default = dist.constants.default_pg_nccl_timeout if nccl else None
     return default or dist.constants.default_pg_timeout
-
-
-def _group_timeout(group: dist.ProcessGroup | None) -> timedelta | None:
-    """The timeout ``group`` was created with, as its backend reports it (None where torch does not say)."""
-    whole = dist.group.WORLD if group is None else group
-    if whole is None:
-        return None
-    try:
-        for device in whole._device_types:
-            timeout: timedelta = whole._get_backend(device).options._timeout
-            return timeout
-    except (AttributeError, RuntimeError):  # private API: absent or changed in this torch
-        return None
-    return None

@@ -8,18 +8,31 @@ normalize with the same whole-frame statistics.
 
 What this cannot give is torch's own rounding: torch sums the whole frame in its own blocking and order,
 which a sum of strips does not reproduce. The float64 sums are at least as accurate, so a strip differs from
-the single-process decode by float rounding (docs/distributed.md measures it per family).
+the single-process decode by float rounding (docs/distributed.md measures it per family). A hook cannot
+replace a layer's computation, so each GroupNorm's forward is wrapped instead (:func:`wrap_group_norm`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor, nn
 
-if TYPE_CHECKING:
-    from streamvae.distributed._halo import ShardContext
+from streamvae.distributed._context import ShardContext, context_for
+from streamvae.distributed._internals import replace_forward
+
+
+def wrap_group_norm(layer: nn.GroupNorm, decoder: nn.Module) -> None:
+    """Make ``layer`` normalize a strip with the whole frame's statistics inside a sharded decode of
+    ``decoder``; anywhere else it is the layer's own forward."""
+    own_forward = layer.forward
+
+    def forward(x: Tensor) -> Tensor:
+        context = context_for(decoder)
+        if context is None:
+            return own_forward(x)
+        return group_norm_across_strips(layer, x, context)
+
+    replace_forward(layer, forward)
 
 
 def group_norm_across_strips(layer: nn.GroupNorm, x: Tensor, context: ShardContext) -> Tensor:
