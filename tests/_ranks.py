@@ -1,12 +1,29 @@
-"""Real ranks for the distributed tests: spawned processes joined with a deadline (a hang fails), torchrun."""
+"""Real ranks for the distributed tests: processes joined with a deadline (a hang fails), and torchrun.
+
+Importing torch and diffusers costs ~8 s a process on a 2-core CPU, more than most scenarios take, so
+every launch is paid for once where it can be:
+
+- :func:`spawn_ranks` forks each rank from one forkserver that imported them once for the whole run: a
+  rank is still a fresh process of its own (no thread, lock or process group of the test process comes
+  with it), started in milliseconds instead of seconds.
+- :func:`run_torchrun_jobs` runs several jobs (``-m streamvae decode …``, an example script) one after the
+  other in one ``torchrun`` launch, whose ranks each import once. This file is the program those ranks run
+  (``python -m tests._ranks JOBS.json``); each job's output and exit status are its own.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import multiprocessing.context
 import os
+import runpy
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +35,32 @@ from torch import Tensor
 
 from tests._media import read_luma
 
+# What every rank imports, imported once in the forkserver that forks them.
+_PRELOAD = [
+    "torch.distributed",
+    "diffusers",
+    "streamvae",
+    "streamvae.distributed",
+    "tests._vaes",
+    "tests._media",
+]
+
+
+def rank_context() -> multiprocessing.context.ForkServerContext:
+    """The multiprocessing context ranks start from (for the events a test shares with its ranks)."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)  # used when the server starts: the first call of the run
+    return context
+
 
 def spawn_ranks(world: int, target: Callable[..., None], args: tuple[Any, ...], *, deadline_s: float) -> None:
-    """Run ``target(rank, *args)`` in ``world`` spawned processes and wait for all of them.
+    """Run ``target(rank, *args)`` in ``world`` new processes and wait for all of them.
 
     A rank still running ``deadline_s`` seconds after the start is killed and fails the test ("a rank
-    hung"), as does a rank whose exit code is not 0. Spawned (not forked): each imports torch afresh.
+    hung"), as does a rank whose exit code is not 0. Forked from the forkserver of :func:`rank_context`,
+    never from the test process: torch's and the event loops' threads do not survive a fork.
     """
-    context = mp.get_context("spawn")
+    context = rank_context()
     ranks = [context.Process(target=target, args=(rank, *args), daemon=True) for rank in range(world)]
     for process in ranks:
         process.start()
@@ -43,36 +78,142 @@ def spawn_ranks(world: int, target: Callable[..., None], args: tuple[Any, ...], 
     assert codes == [0] * world, f"rank exit codes {codes}"
 
 
-def decode_with_the_cli_sharded_and_alone(
-    folder: Path, vae: Any, z: Tensor, shard: str, *, timeout_s: float
-) -> tuple[np.ndarray, np.ndarray]:
-    """``streamvae decode`` of ``z`` with ``vae`` (both saved into ``folder``) under ``torchrun`` on 2 ranks
-    with ``--shard shard``, and in one process: the luma of each MP4, [T, H, W] uint8, sharded first.
+# ------------------------------------------------------------------------------------------------ torchrun
 
-    Lossless x264 (``--crf 0``), one torch thread a process. Each run must exit 0 and report its output
-    once: only the output rank of the sharded run writes and reports.
+
+@dataclass(frozen=True)
+class TorchrunJob:
+    """What one job of a torchrun launch left behind."""
+
+    statuses: list[int | None]  # each rank's exit status, in rank order; None where it never finished
+    stdout: str  # what the job printed, every rank's in rank order
+    launch_status: int  # torchrun's own exit status: not 0 if any job failed on any rank
+    launch_stderr: str  # every rank's stderr: a failing job's traceback, and which job it was
+
+    def succeeded(self) -> bool:
+        """Whether the job ended with status 0 on every rank and the launch as a whole exited 0."""
+        return self.statuses == [0] * len(self.statuses) and self.launch_status == 0
+
+
+@dataclass(frozen=True)
+class Launches:
+    """The jobs of one or more torchrun launches by name, and the folder the test's files are in."""
+
+    folder: Path
+    jobs: dict[str, TorchrunJob]
+
+
+def run_torchrun_jobs(
+    folder: Path, launches: list[dict[str, list[str]]], *, world: int = 2, timeout_s: float
+) -> Launches:
+    """Run each of ``launches`` as one ``torchrun --standalone`` launch of ``world`` ranks, its jobs in turn.
+
+    A job is what follows ``torchrun …`` on a command line: ``["-m", MODULE, *args]`` or
+    ``[SCRIPT, *args]``, run in each rank's process as ``python`` runs it (as ``__main__``), one torch
+    thread a process. A job that destroys the default process group ends its launch: recreated in the same
+    process, the group would be numbered from 0 again under keys its first life left in torchrun's store,
+    and its ranks could connect to addresses that no longer listen. The first job that fails on a rank ends
+    the launch too: the jobs after it report no status. A launch past ``timeout_s`` raises
+    ``subprocess.TimeoutExpired`` (a hang guard). Each launch runs in a subfolder of ``folder``.
     """
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    command = [str(torchrun), "--standalone", f"--nproc-per-node={world}", "-m", "tests._ranks", "jobs.json"]
+    results: dict[str, TorchrunJob] = {}
+    for index, jobs in enumerate(launches):
+        where = folder / f"launch{index}"
+        where.mkdir()
+        (where / "jobs.json").write_text(json.dumps(jobs))
+        finished = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=where
+        )
+        for name in jobs:
+            statuses = []
+            for rank in range(world):
+                status = where / f"{name}.rank{rank}.status"
+                statuses.append(int(status.read_text()) if status.exists() else None)
+            outputs = [where / f"{name}.rank{rank}.out" for rank in range(world)]
+            stdout = "".join(output.read_text() for output in outputs if output.exists())
+            results[name] = TorchrunJob(statuses, stdout, finished.returncode, finished.stderr)
+    return Launches(folder, results)
+
+
+def _run_jobs(spec: Path) -> int:
+    """In each rank of :func:`run_torchrun_jobs`: run the jobs of ``spec``, each job's stdout into
+    ``NAME.rankN.out`` and its exit status into ``NAME.rankN.status``; stop at the first that fails (its
+    peers would otherwise wait for this rank in the next job's collectives)."""
+    import torch.distributed as dist
+
+    rank = os.environ["RANK"]
+    jobs: dict[str, list[str]] = json.loads(spec.read_text())
+    for index, (name, job) in enumerate(jobs.items()):
+        with open(f"{name}.rank{rank}.out", "w") as stdout, contextlib.redirect_stdout(stdout):
+            status = _run_as_main(job)
+        Path(f"{name}.rank{rank}.status").write_text(str(status))
+        if status != 0:
+            print(f"tests._ranks: job {name!r} exited with status {status} on rank {rank}", file=sys.stderr)
+            return 1
+        if index + 1 < len(jobs) and not dist.is_initialized():
+            why = "destroyed the default process group: it must be the last job of its launch"
+            print(f"tests._ranks: job {name!r} {why}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def _run_as_main(job: list[str]) -> int:
+    """Run ``job`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``) as ``__main__``; its exit status, as Python's."""
+    try:
+        if job[0] == "-m":
+            sys.argv = job[1:]
+            runpy.run_module(job[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(job)
+            runpy.run_path(job[0], run_name="__main__")
+    except SystemExit as exit:
+        if exit.code is None or isinstance(exit.code, int):
+            return exit.code or 0
+        print(exit.code, file=sys.stderr)  # SystemExit("message"): printed, status 1
+        return 1
+    return 0
+
+
+# -------------------------------------------------------------------------------------- streamvae decode
+
+
+def save_decode_inputs(folder: Path, vae: Any, z: Tensor) -> None:
+    """Save ``vae`` and ``z`` into ``folder``, where :func:`decode_arguments` reads them."""
     vae.save_pretrained(folder / "vae")
     torch.save(z, folder / "latents.pt")
-    common = ["latents.pt", "--vae", "vae", "--fps", "8", "--crf", "0", "--quiet"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    torchrun = Path(sys.executable).with_name("torchrun")
-    commands = {
-        "sharded": [str(torchrun), "--standalone", "--nproc-per-node=2", "-m", "streamvae", "decode"],
-        "single": [sys.executable, "-m", "streamvae", "decode"],
-    }
-    lumas = []
-    for name, command in commands.items():
-        extra = ["--shard", shard] if name == "sharded" else []
-        finished = subprocess.run(
-            [*command, *common, "-o", f"{name}.mp4", *extra],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-            cwd=folder,
-        )
-        assert finished.returncode == 0, finished.stderr[-4000:]
-        assert finished.stdout.count(f"{name}.mp4:") == 1
-        lumas.append(read_luma((folder / f"{name}.mp4").read_bytes()))
-    return lumas[0], lumas[1]
+
+
+def decode_arguments(folder: Path) -> list[str]:
+    """``streamvae decode`` of what :func:`save_decode_inputs` saved into ``folder``: lossless x264
+    (``--crf 0``) at 8 fps, quiet. The caller adds ``-o`` (and ``--shard``)."""
+    inputs = ["decode", str(folder / "latents.pt"), "--vae", str(folder / "vae")]
+    return [*inputs, "--fps", "8", "--crf", "0", "-q"]
+
+
+def decode_alone(arguments: list[str], output: Path) -> np.ndarray:
+    """``streamvae decode ARGUMENTS -o OUTPUT`` by the CLI's ``main`` in this process (one torch thread, as
+    the suite runs): the luma of the MP4, [T, H, W] uint8. It must return 0 and report its output once."""
+    from streamvae.cli import main
+
+    with contextlib.redirect_stdout(io.StringIO()) as stdout:
+        status = main([*arguments, "-o", str(output)])
+    assert status == 0
+    assert stdout.getvalue().count(f"{output.name}:") == 1, stdout.getvalue()
+    return read_luma(output.read_bytes())
+
+
+def sharded_luma(job: TorchrunJob, output: Path) -> np.ndarray:
+    """The luma of a sharded decode's MP4, [T, H, W] uint8, once the job ran on every rank and only the
+    output rank reported writing it."""
+    assert job.succeeded(), (job.statuses, job.launch_stderr[-4000:])
+    assert job.stdout.count(f"{output.name}:") == 1, job.stdout
+    return read_luma(output.read_bytes())
+
+
+if __name__ == "__main__":
+    sys.exit(_run_jobs(Path(sys.argv[1])))

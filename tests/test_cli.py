@@ -15,6 +15,7 @@ import threading
 import time
 import wave
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -509,48 +510,92 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         main(["demo", "-o", str(tmp_path / "x.mp4"), "--frames", "5", "--size", "32", "-q"])
 
 
-def test_an_earlier_output_survives_a_run_that_fails_at_the_final_write(tmp_path: Path) -> None:
-    """A file size limit (a full disk) hit by the last write: the earlier file stays, nothing partial."""
-    output = tmp_path / "x.mp4"
-    output.write_bytes(b"an earlier render")
-    script = f"""
-import resource, runpy, signal, sys
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
-resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
-sys.argv = ["streamvae", "demo", "-o", {str(output)!r}, "--frames", "17", "--size", "32"]
-sys.argv += ["--container", "mp4", "-q"]  # a plain MP4 is written whole, by the final write
-runpy.run_module("streamvae", run_name="__main__")
-"""
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 1, result.stderr[-4000:]
-    assert result.stderr == "streamvae: error: [Errno 27] File too large\n"
-    assert output.read_bytes() == b"an earlier render"
-    assert os.listdir(tmp_path) == ["x.mp4"]
-
-
-def test_python_m_streamvae_runs_without_rich_starlette_or_uvicorn(tmp_path: Path) -> None:
-    """The library and the CLI import none of the optional packages unless ``serve`` is used."""
-    output = tmp_path / "bare.mp4"
-    script = f"""
-import runpy, sys
+# The runs that need an interpreter of their own share one (its torch and diffusers imports are most of a
+# run): without the optional packages, a demo and ``serve``; then, last (the limit cannot be lifted), a
+# demo whose final write fails under a file size limit. Each run's fd 1 and 2 go to files of its own, as a
+# process's would; the script prints each run's exit status.
+_FRESH_INTERPRETER = """
+import json, os, resource, runpy, signal, sys
 for name in ("rich", "starlette", "uvicorn", "httpx"):
     sys.modules[name] = None  # importing it now raises ImportError
-sys.argv = ["streamvae", "demo", "-o", {str(output)!r}, "--frames", "5", "--size", "32"]
-try:
-    runpy.run_module("streamvae", run_name="__main__")
-except SystemExit as exit:
-    assert exit.code == 0, exit.code
-sys.argv = ["streamvae", "serve"]
-try:
-    runpy.run_module("streamvae", run_name="__main__")
-except SystemExit as exit:
-    assert exit.code == 1, exit.code
+logs, (bare, too_large) = sys.argv[1], sys.argv[2:]
+
+def redirected(fds):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, target in enumerate(fds, start=1):
+        os.dup2(target, fd)
+
+def run(name, *argv):
+    saved = [os.dup(1), os.dup(2)]
+    with open(f"{logs}/{name}.out", "w") as out, open(f"{logs}/{name}.err", "w") as err:
+        redirected([out.fileno(), err.fileno()])
+        sys.argv = ["streamvae", *argv]
+        try:
+            runpy.run_module("streamvae", run_name="__main__")
+        except SystemExit as exit:
+            return exit.code
+        finally:
+            redirected(saved)
+
+codes = {"bare": run("bare", "demo", "-o", bare, "--frames", "5", "--size", "32")}
+codes["serve"] = run("serve", "serve")
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
+plain = ["--container", "mp4", "-q"]  # a plain MP4 is written whole, by the final write
+codes["too_large"] = run("too_large", "demo", "-o", too_large, "--frames", "17", "--size", "32", *plain)
+print(json.dumps(codes))
 """
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "5 frames 32×32" in result.stdout  # the summary, without a progress bar
-    assert "pip install -e '.[serve]'" in result.stderr
-    assert read_mp4(output.read_bytes()).frames.shape == (5, 32, 32, 3)
+
+
+@dataclass(frozen=True)
+class FreshRun:
+    """One run of the ``streamvae`` command in the shared fresh interpreter."""
+
+    status: int | None  # its exit status
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def fresh_interpreter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, FreshRun]]:
+    """The runs of _FRESH_INTERPRETER by name, and the folder of their outputs (``bare.mp4``, and
+    ``too_large/x.mp4``, an earlier render before the run)."""
+    folder, logs = tmp_path_factory.mktemp("fresh"), tmp_path_factory.mktemp("fresh_logs")
+    (folder / "too_large").mkdir()
+    (folder / "too_large" / "x.mp4").write_bytes(b"an earlier render")
+    outputs = [str(folder / "bare.mp4"), str(folder / "too_large" / "x.mp4")]
+    script = [sys.executable, "-c", _FRESH_INTERPRETER, str(logs), *outputs]
+    result = subprocess.run(script, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    runs = {}
+    for name, status in json.loads(result.stdout).items():
+        runs[name] = FreshRun(status, (logs / f"{name}.out").read_text(), (logs / f"{name}.err").read_text())
+    return folder, runs
+
+
+def test_an_earlier_output_survives_a_run_that_fails_at_the_final_write(
+    fresh_interpreter: tuple[Path, dict[str, FreshRun]],
+) -> None:
+    """A file size limit (a full disk) hit by the last write: the earlier file stays, nothing partial."""
+    folder, runs = fresh_interpreter
+    run = runs["too_large"]
+    assert run.status == 1, run.stderr[-4000:]
+    assert run.stderr == "streamvae: error: [Errno 27] File too large\n"
+    assert (folder / "too_large" / "x.mp4").read_bytes() == b"an earlier render"
+    assert os.listdir(folder / "too_large") == ["x.mp4"]
+
+
+def test_python_m_streamvae_runs_without_rich_starlette_or_uvicorn(
+    fresh_interpreter: tuple[Path, dict[str, FreshRun]],
+) -> None:
+    """The library and the CLI import none of the optional packages unless ``serve`` is used."""
+    folder, runs = fresh_interpreter
+    assert runs["bare"].status == 0, runs["bare"].stderr
+    assert runs["serve"].status == 1, runs["serve"].stderr
+    assert "5 frames 32×32" in runs["bare"].stdout  # the summary, without a progress bar
+    assert "pip install -e '.[serve]'" in runs["serve"].stderr
+    assert read_mp4((folder / "bare.mp4").read_bytes()).frames.shape == (5, 32, 32, 3)
 
 
 # Devices this machine lacks, whatever it has: a name torch does not know, a malformed index, meta.

@@ -1,9 +1,11 @@
-"""streamvae.distributed: spatial-shard decode across real processes (torch.multiprocessing spawn, gloo).
+"""streamvae.distributed: spatial-shard decode across real processes (tests/_ranks.py, gloo).
 
-Each group of ranks runs a list of scenarios in one spawn (importing torch and diffusers costs ~8 s a process
-on a 2-core CPU); every rank runs ``decode_to_mp4`` on asyncio or trio and writes what it saw to a file.
-A hung rank fails the test: the group is joined with a deadline and killed past it, and gloo's own timeout
-is set well below that deadline so a rank stuck in a collective reports an error instead.
+Each group of ranks runs a list of scenarios in one start of its processes (importing torch and diffusers
+costs ~8 s a process on a 2-core CPU); every rank runs ``decode_to_mp4`` on asyncio or trio and writes what
+it saw to a file. A hung rank fails the test: the group is joined with a deadline and killed past it, and
+gloo's own timeout is set well below that deadline so a rank stuck in a collective reports an error instead.
+A stalled rank stays silent until its peers have given up on it (an event they share; ``STALL_SECONDS`` at
+most): their wait is bounded by the group's timeout either way, and the run does not sit out a fixed stall.
 
 The reference is diffusers' ``vae.decode`` in this process with one torch thread, like the ranks: CPU
 kernels split work by thread, so a different thread count alone moves results by float rounding.
@@ -14,13 +16,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -42,8 +43,17 @@ from streamvae.distributed import (
 )
 from streamvae.models.wan import WanChunkedDecoder
 from tests._media import DETERMINISTIC_X264, read_mp4
-from tests._ranks import decode_with_the_cli_sharded_and_alone, spawn_ranks
-from tests._vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
+from tests._ranks import (
+    Launches,
+    decode_alone,
+    decode_arguments,
+    rank_context,
+    run_torchrun_jobs,
+    save_decode_inputs,
+    sharded_luma,
+    spawn_ranks,
+)
+from tests._vaes import latent, tiny_cogvideox, tiny_qwen_image, tiny_wan21, tiny_wan22
 
 FAMILIES: dict[str, Callable[[], Any]] = {
     "wan21": tiny_wan21,
@@ -54,7 +64,7 @@ CODEC = DETERMINISTIC_X264  # byte-identical MP4s for identical frames
 GLOO_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective raises after this
 JOIN_TIMEOUT = 300.0  # a group that has not finished by then hung: the test fails
 STALL_TIMEOUT = 3.0  # the process group timeout of the stalled-peer scenario
-STALL_SECONDS = 4 * STALL_TIMEOUT  # how long its stalled rank stops calling collectives
+STALL_SECONDS = 4 * STALL_TIMEOUT  # the longest its stalled rank stops calling collectives
 
 pytestmark = pytest.mark.slow
 
@@ -80,15 +90,22 @@ class Scenario:
     cancel_at: int | None = None  # the owner's caller is cancelled at this chunk
     codec_options: dict[str, str] = field(default_factory=lambda: dict(CODEC))
     plain_decode_in_thread: bool = False  # at chunk 0 the owner decodes the same module unsharded
-    # (rank, "dies" | "stalls", decoder call): that rank exits, or stops calling collectives for
-    # STALL_SECONDS, just before that call of its decoder. It breaks the group: last scenario of a group.
+    # (rank, "dies" | "stalls", decoder call): that rank exits, or stops calling collectives until a peer
+    # gave up, just before that call of its decoder. It breaks the group: last scenario of a group.
     peer_fault: tuple[int, str, int] | None = None
     group_timeout: float | None = None  # decode over a new group with this timeout (seconds)
     group_ranks: tuple[int, ...] | None = None  # decode over a new group of these ranks; the rest sit out
     nan_latent: bool = False  # one value of every rank's latent is NaN
     # The agreement runs over a gloo group of its own, as under NCCL (here the decode group is gloo too).
     own_agreement_group: bool = False
-    consumer_stalls_at: int | None = None  # the owner's on_chunk takes STALL_SECONDS at this chunk
+    consumer_stalls_at: int | None = None  # the owner's on_chunk stalls at this chunk until a peer gave up
+
+    @property
+    def stalled_rank(self) -> int | None:
+        """The rank that stalls (its peers give up on it), if one does."""
+        if self.peer_fault is not None and self.peer_fault[1] == "stalls":
+            return self.peer_fault[0]
+        return self.output_rank if self.consumer_stalls_at is not None else None
 
 
 @dataclass
@@ -169,10 +186,13 @@ SCENARIOS = {s.name: (world, s) for world, group in ((2, TWO_RANKS), (3, THREE_R
 class Recorder:
     """A protocol decoder that wraps the sharded one and records (or breaks) what its ``on_chunk`` gets."""
 
-    def __init__(self, decoder: ShardedWanDecoder, scenario: Scenario, z: Tensor) -> None:
+    def __init__(
+        self, decoder: ShardedWanDecoder, scenario: Scenario, z: Tensor, gave_up: Event | None
+    ) -> None:
         self.decoder = decoder
         self.scenario = scenario
         self.z = z
+        self.gave_up = gave_up
         self.chunks: list[Tensor] = []
         self.plain_decode: Tensor | None = None
         self.chunk_value_range = decoder.chunk_value_range
@@ -195,7 +215,9 @@ class Recorder:
                 assert self._scope is not None
                 anyio.from_thread.run_sync(self._scope.cancel)
             if index == self.scenario.consumer_stalls_at:
-                time.sleep(STALL_SECONDS)  # a consumer slower than the group's timeout: peers stop waiting
+                # A consumer slower than the group's timeout: its peers stop waiting.
+                assert self.gave_up is not None
+                self.gave_up.wait(STALL_SECONDS)
             on_chunk(chunk)
 
         self.decoder.decode_with_chunks(z, on_chunk=recording)
@@ -216,7 +238,7 @@ class Recorder:
         return None
 
 
-def _inject_fault(vae: Any, scenario: Scenario, rank: int) -> None:
+def _inject_fault(vae: Any, scenario: Scenario, rank: int, gave_up: Event | None) -> None:
     if scenario.peer_fault is None or scenario.peer_fault[0] != rank:
         return
     _, fault, at_call = scenario.peer_fault
@@ -227,12 +249,13 @@ def _inject_fault(vae: Any, scenario: Scenario, rank: int) -> None:
         if calls[0] == at_call and fault == "dies":
             os._exit(0)  # no cleanup, no goodbye: what a crashed rank looks like to its peers
         if calls[0] == at_call:
-            time.sleep(STALL_SECONDS)
+            assert gave_up is not None
+            gave_up.wait(STALL_SECONDS)
 
     vae.decoder.register_forward_pre_hook(before_decoder_call)
 
 
-def _run_scenario(scenario: Scenario, rank: int) -> RankResult:
+def _run_scenario(scenario: Scenario, rank: int, gave_up: Event | None) -> RankResult:
     vae = FAMILIES[scenario.family]()
     z = latent(vae, 1, scenario.frames, scenario.height, scenario.width)
     if scenario.nan_latent:
@@ -253,8 +276,8 @@ def _run_scenario(scenario: Scenario, rank: int) -> RankResult:
             output_rank=scenario.output_rank,
             group=group,
         )
-    _inject_fault(vae, scenario, rank)
-    recorder = Recorder(decoder, scenario, z)
+    _inject_fault(vae, scenario, rank, gave_up)
+    recorder = Recorder(decoder, scenario, z, gave_up)
     result = RankResult(rank=rank)
     started = time.monotonic()
     with contextlib.suppress(Exception):
@@ -267,6 +290,8 @@ def _run_scenario(scenario: Scenario, rank: int) -> RankResult:
             result.error_notes = tuple(getattr(error, "__notes__", ()))
             result.peer_chunk = error.chunk if isinstance(error, PeerDecodeError) else None
     result.seconds = time.monotonic() - started
+    if gave_up is not None and rank != scenario.stalled_rank:
+        gave_up.set()  # this rank's decode has ended: the stalled one may go on
     result.stats = dataclasses.asdict(decoder.stats)
     result.published = len(recorder.chunks)
     result.chunks = torch.cat(recorder.chunks, dim=2) if recorder.chunks else None
@@ -296,7 +321,9 @@ def _check_one_buffer_gather(rank: int) -> RankResult:
     return RankResult(rank=rank, stats=same)
 
 
-def _rank_main(rank: int, world: int, folder: str, scenarios: list[Scenario]) -> None:
+def _rank_main(
+    rank: int, world: int, folder: str, scenarios: list[Scenario], gave_up: dict[str, Event]
+) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=world, timeout=GLOO_TIMEOUT
@@ -304,7 +331,7 @@ def _rank_main(rank: int, world: int, folder: str, scenarios: list[Scenario]) ->
     try:
         results: dict[str, RankResult] = {ONE_BUFFER_GATHER: _check_one_buffer_gather(rank)}
         for index, scenario in enumerate(scenarios):
-            results[scenario.name] = _run_scenario(scenario, rank)
+            results[scenario.name] = _run_scenario(scenario, rank, gave_up.get(scenario.name))
             torch.save(results, f"{folder}/rank{rank}.pt")  # a rank that dies later keeps these
             if index + 1 < len(scenarios):
                 dist.barrier()  # a scenario whose group broke leaves its ranks apart: start the next together
@@ -313,8 +340,10 @@ def _rank_main(rank: int, world: int, folder: str, scenarios: list[Scenario]) ->
 
 
 def run_group(world: int, scenarios: list[Scenario], folder: Path) -> dict[str, list[RankResult]]:
-    """Spawn ``world`` ranks that run ``scenarios``; fail the test if any rank hangs or dies."""
-    spawn_ranks(world, _rank_main, (world, str(folder), scenarios), deadline_s=JOIN_TIMEOUT)
+    """Start ``world`` ranks that run ``scenarios``; fail the test if any rank hangs or dies."""
+    # A scenario with a stalled rank: the event its peers set once they gave up on it.
+    gave_up = {s.name: rank_context().Event() for s in scenarios if s.stalled_rank is not None}
+    spawn_ranks(world, _rank_main, (world, str(folder), scenarios, gave_up), deadline_s=JOIN_TIMEOUT)
     per_rank = [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
     died = RankResult(rank=-1, error=("died", ""))
     names = [ONE_BUFFER_GATHER, *(s.name for s in scenarios)]
@@ -674,27 +703,68 @@ def test_a_decoder_needs_a_process_group(monkeypatch: pytest.MonkeyPatch) -> Non
 
 # ----------------------------------------------------------------------------------------------- launch
 
+EXAMPLE = ["--shard", "height", "--frames", "3", "--timeout", "60"]  # examples/distributed_decode.py's
+EXAMPLE_RUNS = {"whole": [], "in_pieces": ["--pieces", "1"]}  # and each of its two modes
+# What ``streamvae decode`` reads: a VAE and the shape of a seeded latent (CogVideoX's 5 frames: 2 batches).
+CLI_INPUTS: dict[str, tuple[Callable[[], Any], tuple[int, ...]]] = {
+    "wan21": (tiny_wan21, (1, 16, 3, 8, 8)),
+    "cogvideox": (tiny_cogvideox, (1, 4, 5, 6, 8)),
+}
+CLI_DECODES = {  # each with --shard under torchrun, and alone: (its inputs, --shard, the video's [T, H, W])
+    "wan21_height": ("wan21", "height", (9, 64, 64)),
+    "cogvideox_auto": ("cogvideox", "auto", (17, 48, 64)),
+    "cogvideox_width": ("cogvideox", "width", (17, 48, 64)),
+}
 
-@pytest.mark.parametrize("pieces", [[], ["--pieces", "1"]], ids=["whole", "in_pieces"])
-def test_the_torchrun_example_writes_the_video(tmp_path: Path, pieces: list[str]) -> None:
-    torchrun = Path(sys.executable).with_name("torchrun")
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Launches:
+    """Two torchrun launches on 2 ranks (each rank's imports cost more than its jobs): every CLI_DECODES
+    ``python -m streamvae decode --shard``, then the example in pieces (in the decodes' process group); the
+    whole example alone (it destroys its group: the last job of a launch)."""
+    folder = tmp_path_factory.mktemp("torchrun")
+    jobs = {}
+    for name, (make, shape) in CLI_INPUTS.items():
+        (folder / name).mkdir()
+        z = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+        save_decode_inputs(folder / name, make(), z)
+    for name, (inputs, shard, _) in CLI_DECODES.items():
+        output = ["-o", str(folder / f"{name}.mp4"), "--shard", shard]
+        jobs[name] = ["-m", "streamvae", *decode_arguments(folder / inputs), *output]
     example = Path(__file__).parents[1] / "examples" / "distributed_decode.py"
-    output = tmp_path / "out.mp4"
-    command = [str(torchrun), "--standalone", "--nproc-per-node=2", str(example), "--shard", "height"]
-    command += ["--frames", "3", "--timeout", "60", "-o", str(output), *pieces]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    finished = subprocess.run(
-        command, capture_output=True, text=True, timeout=JOIN_TIMEOUT, env=env, cwd=tmp_path
-    )
-    assert finished.returncode == 0, finished.stderr[-4000:]
-    assert "rank 1/2: decoded 3 latent frames" in finished.stdout
-    assert read_mp4(output.read_bytes()).frames.shape == (9, 64, 64, 3)
+    runs = {
+        run: [str(example), *EXAMPLE, "-o", str(folder / f"example_{run}.mp4"), *pieces]
+        for run, pieces in EXAMPLE_RUNS.items()
+    }
+    launches = [{**jobs, "example_in_pieces": runs["in_pieces"]}, {"example_whole": runs["whole"]}]
+    return run_torchrun_jobs(folder, launches, timeout_s=JOIN_TIMEOUT)
 
 
-def test_torchrun_streamvae_decode_with_shard_matches_the_single_process_video(tmp_path: Path) -> None:
-    vae = tiny_wan21()
-    sharded_luma, single_luma = decode_with_the_cli_sharded_and_alone(
-        tmp_path, vae, latent(vae, frames=3), "height", timeout_s=JOIN_TIMEOUT
-    )
-    assert sharded_luma.shape == (9, 64, 64)
-    assert np.abs(sharded_luma.astype(int) - single_luma.astype(int)).max() <= 1
+@pytest.fixture(scope="module")
+def decoded_alone(launched: Launches) -> dict[str, np.ndarray]:
+    """The luma of each of CLI_INPUTS' ``streamvae decode`` in this process, without ``--shard``."""
+    folder = launched.folder
+    return {
+        name: decode_alone(decode_arguments(folder / name), folder / f"{name}_alone.mp4")
+        for name in CLI_INPUTS
+    }
+
+
+@pytest.mark.parametrize("run", list(EXAMPLE_RUNS))
+def test_the_torchrun_example_writes_the_video(launched: Launches, run: str) -> None:
+    job = launched.jobs[f"example_{run}"]
+    assert job.succeeded(), (job.statuses, job.launch_stderr[-4000:])
+    assert "rank 1/2: decoded 3 latent frames" in job.stdout
+    video = read_mp4((launched.folder / f"example_{run}.mp4").read_bytes())
+    assert video.frames.shape == (9, 64, 64, 3)
+
+
+@pytest.mark.parametrize("name", list(CLI_DECODES))
+def test_torchrun_streamvae_decode_with_shard_matches_the_single_process_video(
+    launched: Launches, decoded_alone: dict[str, np.ndarray], name: str
+) -> None:
+    inputs, _, shape = CLI_DECODES[name]
+    sharded = sharded_luma(launched.jobs[name], launched.folder / f"{name}.mp4")
+    single = decoded_alone[inputs]
+    assert sharded.shape == single.shape == shape
+    assert np.abs(sharded.astype(int) - single.astype(int)).max() <= 1

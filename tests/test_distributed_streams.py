@@ -1,9 +1,10 @@
 """Latents in pieces across ranks: every rank streams the same pieces through ``open_latent_stream``.
 
-Real processes (torch.multiprocessing spawn, gloo), as in tests/test_distributed.py: one group of two ranks
-runs every scenario in one spawn, each rank writing what it saw to a file. A hung rank fails the test (the
-group is joined with a deadline and killed past it). The reference is the single process's
-``decode_to_mp4(vae, torch.cat(pieces, dim=2))`` with one torch thread and deterministic x264.
+Real processes (tests/_ranks.py, gloo), as in tests/test_distributed.py: one group of two ranks runs every
+scenario in one start of its processes, each rank writing what it saw to a file. A hung rank fails the test
+(the group is joined with a deadline and killed past it); a stalled one waits until its peer has given up
+on it (an event they share, ``STALL_SECONDS`` at most), not a fixed time. The reference is the single
+process's ``decode_to_mp4(vae, torch.cat(pieces, dim=2))`` with one torch thread and deterministic x264.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+from multiprocessing.synchronize import Event
 from typing import Any
 
 import anyio
@@ -24,14 +26,14 @@ from torch import Tensor
 from streamvae import decode_to_mp4, open_latent_stream
 from streamvae.distributed import PeerDecodeError, sharded_decoder
 from tests._media import DETERMINISTIC_X264, read_mp4
-from tests._ranks import spawn_ranks
+from tests._ranks import rank_context, spawn_ranks
 from tests._vaes import latent, tiny_wan21, tiny_wan22
 
 FAMILIES = {"wan21": tiny_wan21, "wan22": tiny_wan22}
 GLOO_TIMEOUT = timedelta(seconds=60)  # a rank stuck in a collective raises after this
 JOIN_TIMEOUT = 300.0  # a group that has not finished by then hung: the test fails
 STALL_TIMEOUT = 3.0  # the process group timeout of the stalled-rank scenario
-STALL_SECONDS = 4 * STALL_TIMEOUT  # how long its stalled rank waits before its next push
+STALL_SECONDS = 4 * STALL_TIMEOUT  # the longest its stalled rank waits before its next push
 WORLD = 2
 REPEATS = 3  # runs of each race-prone scenario
 
@@ -56,7 +58,7 @@ class Stream:
     nan_piece: tuple[int, int] | None = None  # (rank, piece): that rank's piece holds a NaN
     cancel_after: tuple[int, int] | None = None  # (rank, piece): that rank's block is cancelled after it
     raise_after: tuple[int, int] | None = None  # (rank, piece): that rank's own code raises after it
-    stall_before: tuple[int, int] | None = None  # (rank, piece): that rank waits STALL_SECONDS before it
+    stall_before: tuple[int, int] | None = None  # (rank, piece): that rank waits for its peer to give up
     group_timeout: float | None = None  # stream over a new group with this timeout (seconds)
     alone: bool = False  # auto decides not to shard: the output rank decodes, the others follow
 
@@ -113,7 +115,7 @@ def pieces_of(stream: Stream, rank: int) -> list[Tensor]:
     return pieces
 
 
-def _run_stream(stream: Stream, rank: int) -> RankResult:
+def _run_stream(stream: Stream, rank: int, gave_up: Event | None) -> RankResult:
     group = None
     if stream.group_timeout is not None:
         group = dist.new_group(timeout=timedelta(seconds=stream.group_timeout))
@@ -126,7 +128,9 @@ def _run_stream(stream: Stream, rank: int) -> RankResult:
             async with open_latent_stream(decoder, fps=8, video_codec_options=stream.codec_options) as opened:
                 for index, piece in enumerate(pieces):
                     if stream.stall_before == (rank, index):
-                        await anyio.sleep(STALL_SECONDS)  # stops pushing for longer than the timeout
+                        # Stops pushing for longer than the timeout: until the peer has raised.
+                        assert gave_up is not None
+                        await anyio.to_thread.run_sync(gave_up.wait, STALL_SECONDS)
                     await opened.push_latents(piece)
                     if stream.raise_after == (rank, index):
                         raise RuntimeError(f"rank {rank}'s own code failed after piece {index}")
@@ -146,11 +150,13 @@ def _run_stream(stream: Stream, rank: int) -> RankResult:
         result.error_bases = tuple(cls.__name__ for cls in type(error).__mro__)
         result.peer_rank = error.rank if isinstance(error, PeerDecodeError) else None
     result.seconds = time.monotonic() - started
+    if gave_up is not None and (stream.stall_before is None or stream.stall_before[0] != rank):
+        gave_up.set()  # this rank's stream has ended: the stalled one may go on
     result.stats = dataclasses.asdict(decoder.stats)
     return result
 
 
-def _rank_main(rank: int, folder: str) -> None:
+def _rank_main(rank: int, folder: str, gave_up: dict[str, Event]) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{folder}/store", rank=rank, world_size=WORLD, timeout=GLOO_TIMEOUT
@@ -158,7 +164,7 @@ def _rank_main(rank: int, folder: str) -> None:
     try:
         results: dict[str, RankResult] = {}
         for index, stream in enumerate(STREAMS):
-            results[stream.name] = _run_stream(stream, rank)
+            results[stream.name] = _run_stream(stream, rank, gave_up.get(stream.name))
             torch.save(results, f"{folder}/rank{rank}.pt")
             if index + 1 < len(STREAMS):
                 dist.barrier()  # a stream that failed leaves its ranks apart: start the next together
@@ -169,7 +175,9 @@ def _rank_main(rank: int, folder: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[RankResult]]:
     folder = tmp_path_factory.mktemp("streams")
-    spawn_ranks(WORLD, _rank_main, (str(folder),), deadline_s=JOIN_TIMEOUT)
+    # A stream with a stalled rank: the event its peer sets once it gave up on it.
+    gave_up = {s.name: rank_context().Event() for s in STREAMS if s.stall_before is not None}
+    spawn_ranks(WORLD, _rank_main, (str(folder), gave_up), deadline_s=JOIN_TIMEOUT)
     per_rank = [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
     return {s.name: [results[s.name] for results in per_rank] for s in STREAMS}
 
