@@ -18,19 +18,26 @@ What it measures (every figure a median over ``--repeats`` interleaved runs):
    ``moof`` and ``mdat`` header, that overhead alone, and PSNR against the frames given.
 3. **Served.** ``GET /video.mp4?frames=65&size=256`` from the app under uvicorn on 127.0.0.1: the first
    ``moof`` holding a frame as a fraction of the request's time (client side), before vs now.
+4. **Rungs.** The same paced stream (65 frames) encoded by each rung of ``video_codec="auto"``'s ladder
+   that works here (h264_nvenc, libx264, libsvtav1, libvpx-vp9), each with its low-latency settings and
+   the same codec-neutral options (crf 18 on x264's scale, veryfast, 1 thread): the first frame out, the
+   chunk latency, the median encode call of one frame, bytes per frame and PSNR.
 
 A plot of the chunk latency against the chunk index (129 frames) goes to docs/latency.png, the figures to
-the "latency" section of docs/benchmarks.md.
+the "latency" and "encoder ladder" sections of docs/benchmarks.md.
 
     .venv/bin/python bench/latency.py --repeats 3
+    .venv/bin/python bench/latency.py --repeats 3 --rungs-only   # the ladder's table alone
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import itertools
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -54,7 +61,13 @@ from _report import DOCS, write_section
 
 import streamvae._encode as encode_module
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream
-from streamvae._codec_options import OutputKind, default_codec_options
+from streamvae._codec_options import (
+    VIDEO_LADDER,
+    OutputKind,
+    auto_codec_options,
+    default_codec_options,
+    encode_failure,
+)
 from streamvae._encode import EntryEncoder
 from streamvae._fragments import FragmentCutter
 from streamvae.demo import DEMO_FPS, demo_latent, demo_vae
@@ -120,18 +133,24 @@ class StreamRun:
     bound: float  # second push + 2 × per-chunk encode cost
     latencies: list[float]  # push → arrival of the chunk's last frame, per chunk
     stats_median: float  # the session's own median chunk latency
+    frame_encode: float  # the median encode call of one frame
+    video: bytes  # the whole fragmented MP4
+    encoder_name: str | None  # the encoder that opened
 
 
-async def stream(chunks: list[torch.Tensor], step: float) -> StreamRun:
+async def stream(chunks: list[torch.Tensor], step: float, **options: Any) -> StreamRun:
+    """Push ``chunks`` one every ``step`` seconds into a fragmented session (``options``: its codec)."""
     pushes: list[float] = []
     arrivals: list[tuple[float, int]] = []  # (time, frames out)
+    data: list[bytes] = []
 
     async def read(video: MP4ByteStream, started: float) -> None:
         async for piece in video.pieces():
             arrivals.append((time.perf_counter() - started, piece.frames_until))
+            data.append(piece.data)
 
     async with ChunkedVideoMP4Session(
-        value_range=(-1, 1), fps=DEMO_FPS, output="fragmented", record_timeline=True
+        value_range=(-1, 1), fps=DEMO_FPS, output="fragmented", record_timeline=True, **options
     ) as session:
         started = time.perf_counter()
         async with anyio.create_task_group() as group:
@@ -154,6 +173,9 @@ async def stream(chunks: list[torch.Tensor], step: float) -> StreamRun:
         bound=pushes[1] + 2 * 4 * frame_encode,
         latencies=latencies,
         stats_median=stats.chunk_latency_median,
+        frame_encode=frame_encode,
+        video=b"".join(data),
+        encoder_name=stats.encoder_name,
     )
 
 
@@ -178,14 +200,17 @@ def compress(rgb: np.ndarray, name: str, fragment_frames: int = 1) -> Compressio
         )
         pieces = [piece for i in range(len(rgb)) for piece in encoder.encode(rgb[i : i + 1])]
         data = b"".join(piece.data for piece in [*pieces, *encoder.finish()])
+    return Compression(len(data) / len(rgb), fragment_overhead(data) / len(rgb), psnr_of(data, rgb))
+
+
+def psnr_of(data: bytes, rgb: np.ndarray) -> float:
+    """PSNR of the MP4 ``data`` decoded (PyAV) against the frames ``rgb`` it was made from."""
     with av.open(io.BytesIO(data)) as container:
         decoded = np.stack(
             [f.to_ndarray(format="rgb24", src_colorspace="ITU709") for f in container.decode(video=0)]
         )
     mse = float(np.mean((decoded.astype(np.float64) - rgb.astype(np.float64)) ** 2))
-    return Compression(
-        len(data) / len(rgb), fragment_overhead(data) / len(rgb), 10 * np.log10(255.0**2 / mse)
-    )
+    return float(10 * np.log10(255.0**2 / mse))
 
 
 def fragment_overhead(data: bytes) -> int:
@@ -225,6 +250,81 @@ def served(url: str, frames: int = 65) -> tuple[float, float]:
     return first, total
 
 
+# -- 4. rungs --
+
+#: The codec-neutral options every rung is given (translated for each, as video_codec="auto" does).
+NEUTRAL = {"crf": "18", "preset": "veryfast", "threads": "1"}
+RUNG_FRAMES = 65
+
+
+def rungs(
+    video: torch.Tensor, repeats: int, step: float
+) -> tuple[dict[str, list[StreamRun]], dict[str, str]]:
+    """Each rung that encodes here, streamed ``repeats`` times (interleaved); why the others cannot."""
+    runs: dict[str, list[StreamRun]] = {}
+    missing: dict[str, str] = {}
+    for codec in VIDEO_LADDER:
+        failure = encode_failure(codec)
+        if failure is not None:
+            missing[codec] = failure
+    chunks = causal_chunks(video, RUNG_FRAMES)
+    for repeat in range(repeats):
+        for codec in (c for c in VIDEO_LADDER if c not in missing):
+            options = auto_codec_options(codec, NEUTRAL, "fragmented")  # what "auto" opens it with
+            run = anyio.run(
+                functools.partial(stream, video_codec=codec, video_codec_options=options), chunks, step
+            )
+            assert run.encoder_name == codec
+            runs.setdefault(codec, []).append(run)
+            print(
+                f"{repeat} {codec}: first out {run.first_out:.3f} s, {len(run.video) / RUNG_FRAMES:,.0f} B/frame"
+            )
+    return runs, missing
+
+
+def report_rungs(
+    args: argparse.Namespace, runs: dict[str, list[StreamRun]], missing: dict[str, str], rgb: np.ndarray
+) -> None:
+    ms = lambda seconds: f"{1000 * seconds:.0f} ms"  # noqa: E731
+    lines = [
+        "## Encoder ladder: each rung's first fragment and size",
+        "",
+        f"`.venv/bin/python bench/latency.py --repeats {args.repeats} --step {args.step} --rungs-only` (2-core "
+        f"CPU). The demo VAE's frames ({SIZE}×{SIZE}, {RUNG_FRAMES} frames), pushed as a causal VAE publishes "
+        f"them (1 frame, then 4), one push every {args.step:g} s, into a fragmented session on each rung of "
+        '`video_codec="auto"`\'s ladder, opened with what auto gives it: the codec-neutral '
+        f"`{NEUTRAL}` translated for the rung, and its low-latency mode (x264 `tune=zerolatency`, SVT-AV1 "
+        "`rtc=1`, VP9's realtime deadline with `lag-in-frames=0` and `row-mt`). *First frame out*: from "
+        "entering the session to the first fragment holding a frame; *chunk latency*: push → its last frame's "
+        "fragment; *encode*: the median encode call of one frame; bytes per frame include every fragment's "
+        "headers; PSNR against the frames given. Medians over the repeats.",
+        "",
+        "| rung | first frame out | chunk latency median | max | encode / frame | bytes / frame | PSNR |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for codec, codec_runs in runs.items():
+        first = median([r.first_out for r in codec_runs])
+        typical = median([median(r.latencies) for r in codec_runs])
+        longest = median([max(r.latencies) for r in codec_runs])
+        encode = median([r.frame_encode for r in codec_runs])
+        size = median([len(r.video) / RUNG_FRAMES for r in codec_runs])
+        quality = psnr_of(codec_runs[0].video, rgb)
+        lines.append(
+            f"| {codec} | {ms(first)} | {ms(typical)} | {ms(longest)} | {1000 * encode:.1f} ms "
+            f"| {size:,.0f} | {quality:.2f} dB |"
+        )
+    for codec, why in missing.items():
+        lines.append(f"| {codec} | not here: {why} | | | | | |")
+    lines += [
+        "",
+        "Every rung sends each chunk's frames with the next chunk's first frame (one packet per frame, none "
+        "held back), so the chunk latency is one push interval plus an encode whichever rung opens; what the "
+        "rungs differ in is the encode's cost and the bytes it takes for the quality.",
+    ]
+    print("\n".join(lines))
+    print(f"wrote {write_section('encoder ladder', chr(10).join(lines))}")
+
+
 # -- report --
 
 
@@ -251,12 +351,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--step", type=float, default=0.1, help="seconds between pushes (a GPU step)")
     parser.add_argument("--served", type=int, default=2, help="requests per set-up to the server (0: skip)")
+    parser.add_argument("--rungs-only", action="store_true", help="only the encoder ladder's table")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1's banner at every open: errors only
 
     decode_started = time.perf_counter()
-    video = demo_frames(max(LENGTHS))
+    video = demo_frames(RUNG_FRAMES if args.rungs_only else max(LENGTHS))
     print(f"decoded {video.shape[2]} demo frames in {time.perf_counter() - decode_started:.1f} s")
+    ladder_runs, missing = rungs(video, args.repeats, args.step)
+    report_rungs(args, ladder_runs, missing, to_rgb(video[:, :, :RUNG_FRAMES]))
+    if args.rungs_only:
+        return
 
     # 1. streams, interleaved: before, now, before, now, ...
     streams: dict[tuple[str, int], list[StreamRun]] = {}

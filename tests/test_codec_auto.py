@@ -1,4 +1,5 @@
-"""``video_codec="auto"``: NVENC where it opens, else libx264, one codec a session, neutral options only."""
+"""``video_codec="auto"``: NVENC where it opens, else libx264 (the ladder's first rungs; the rest are
+tests/test_encoder_ladder.py's), one codec a session, neutral options only."""
 
 from __future__ import annotations
 
@@ -22,20 +23,20 @@ from streamvae._encode import EntryEncoder, open_entry_encoders
 from streamvae.testing import open_containers
 from tests._media import read_mp4, wan_like_chunks
 
-NVENC_OPENS_HERE = _codec_options._nvenc_encodes()
+NVENC_OPENS_HERE = _codec_options.encode_failure("h264_nvenc") is None
 needs_no_nvenc = pytest.mark.skipif(NVENC_OPENS_HERE, reason="simulates an NVENC open that fails")
 
 
 @pytest.fixture(autouse=True)
 def fresh_probe(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Each test sees the process's probe not yet run (and leaves the real cache as it was)."""
-    monkeypatch.setattr(_codec_options, "_auto_codec", None)
+    """Each test sees the process's probes not yet run (and leaves the real cache as it was)."""
+    monkeypatch.setattr(_codec_options, "_probed", {})
     yield
 
 
 def nvenc_found_by_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe "found" NVENC: the session's own opens (real ones, failing on this machine) follow."""
-    monkeypatch.setattr(_codec_options, "_auto_codec", "h264_nvenc")
+    monkeypatch.setitem(_codec_options._probed, "h264_nvenc", None)
 
 
 async def encode_auto(output: Any = "mp4", batch: int = 2) -> tuple[list[bytes], ChunkedVideoMP4Session]:
@@ -55,25 +56,26 @@ async def encode_auto(output: Any = "mp4", batch: int = 2) -> tuple[list[bytes],
 @pytest.mark.anyio
 async def test_auto_chooses_libx264_without_nvenc_and_writes_valid_mp4s() -> None:
     videos, session = await encode_auto()
-    assert session.encoder_name == "libx264"
-    assert _codec_options._auto_codec == "libx264"
+    assert session.encoder_name == session.statistics().encoder_name == "libx264"
+    assert auto_video_codec() == "libx264"
     for video in videos:
         assert read_mp4(video).frames.shape == (9, 32, 48, 3)
 
 
 @pytest.mark.anyio
-async def test_the_probe_runs_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    probes: list[None] = []
+async def test_each_rung_is_probed_once_per_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    probes: list[str] = []
+    real_probe = _codec_options._probe
 
-    def probe() -> bool:
-        probes.append(None)
-        return False
+    def probe(codec: str) -> str | None:
+        probes.append(codec)
+        return "no NVENC here" if codec == "h264_nvenc" else real_probe(codec)
 
-    monkeypatch.setattr(_codec_options, "_nvenc_encodes", probe)
+    monkeypatch.setattr(_codec_options, "_probe", probe)
     await encode_auto(batch=3)
     await encode_auto(batch=1)
     assert auto_video_codec() == "libx264"
-    assert len(probes) == 1
+    assert probes == ["h264_nvenc", "libx264"]  # the rungs below the first that works are never probed
 
 
 @needs_no_nvenc

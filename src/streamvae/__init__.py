@@ -13,6 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from streamvae._codec_options import NoEncoderError
     from streamvae._decode import decode_to_mp4, stream_mp4
     from streamvae._errors import RingAbortedError, SessionClosedError, StreamVAEError, UnreadStreamError
     from streamvae._fragments import MP4Piece
@@ -36,6 +37,7 @@ _HOMES = {
     "LatentStreamStatistics": "_latent_stream",
     "MP4ByteStream": "_sinks",
     "MP4Piece": "_fragments",
+    "NoEncoderError": "_codec_options",
     "PerChannelRange": "_quantize",
     "PinnedChunkRing": "_transfer",
     "RingAbortedError": "_errors",
@@ -65,6 +67,7 @@ __all__ = [
     "LatentStreamStatistics",
     "MP4ByteStream",
     "MP4Piece",
+    "NoEncoderError",
     "PerChannelRange",
     "PinnedChunkRing",
     "RingAbortedError",

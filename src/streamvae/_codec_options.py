@@ -1,8 +1,14 @@
-"""What a video encoder is configured with: codec defaults and checks, and ``video_codec="auto"`` (its
-probe, and the codec-neutral options it takes).
+"""What an encoder is configured with: codec defaults and checks, and ``video_codec="auto"`` (its ladder of
+encoders, their probes, and the codec-neutral options it translates for each).
 
 Everything here is decided before an encoder opens (``SessionOptions`` checks with it); ``_encode`` opens
-the container and the codec with it.
+the container and the codec with it, and climbs the ladder when an open fails.
+
+The ladder exists because FFmpeg builds differ: one without GPL parts (a licence-conscious image,
+conda-forge's LGPL build) has no libx264 or libx265, some runtime images removed software H.264, H.265 and
+AAC, and data-centre GPUs (H100, H200) have no NVENC. What is usually left is SVT-AV1, libvpx-vp9 and
+libopus, which browsers play in fragmented MP4 too. Which rung works is what PyAV can open: each is probed
+by a tiny encode, once per process.
 """
 
 from __future__ import annotations
@@ -12,25 +18,37 @@ import io
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from typing import Any, Literal
 
 import av
+import numpy as np
 
 from streamvae._checks import did_you_mean
+from streamvae._errors import StreamVAEError
+from streamvae._public import public
 
 __all__ = [
+    "AUDIO_LADDER",
     "CODEC_NEUTRAL_OPTIONS",
     "ENCODER_PIXEL_FORMAT",
     "MAX_CRF",
     "NVENC_PRESETS",
+    "OPEN_FAILURES",
+    "OPUS_SAMPLE_RATE",
+    "SVT_AV1_PRESETS",
+    "VIDEO_LADDER",
+    "VP9_SPEEDS",
     "X264_PRESETS",
+    "NoEncoderError",
     "OutputKind",
+    "audio_encoder",
     "auto_codec_options",
     "auto_video_codec",
     "check_video_codec",
     "default_codec_options",
+    "encode_failure",
     "merge_codec_options",
 ]
 
@@ -38,18 +56,139 @@ __all__ = [
 #: ``"fragmented"``: fragmented MP4 (moov first, then a fragment every few frames), available as written.
 OutputKind = Literal["mp4", "fragmented"]
 
+# -- the ladder --
+
+#: The video encoders ``video_codec="auto"`` tries, in order: NVENC where the GPU has it, then x264, then the
+#: two that builds without GPL parts keep (SVT-AV1, libvpx's VP9). Every one writes MP4 a browser plays.
+VIDEO_LADDER = ("h264_nvenc", "libx264", "libsvtav1", "libvpx-vp9")
+#: The audio encoders, in order: AAC, then Opus (in MP4 since FFmpeg 4.3; every browser plays it).
+AUDIO_LADDER = ("aac", "libopus")
+#: The one rate Opus takes here: a track at another rate is resampled to it (Opus has no 44.1 kHz).
+OPUS_SAMPLE_RATE = 48_000
+
+#: What a failed open of an encoder raises: FFmpeg's refusal, or a name this PyAV build has no encoder for.
+OPEN_FAILURES = (av.FFmpegError, av.codec.codec.UnknownCodecError)
+
+
+@public
+class NoEncoderError(StreamVAEError, RuntimeError):
+    """No encoder of a ladder works on this machine: the error names every rung tried, and why each failed.
+
+    ``kind`` is ``"video"`` (``video_codec="auto"``'s ladder) or ``"audio"`` (AAC, then Opus); ``tried``
+    holds ``(encoder, why)`` per rung, in the order tried.
+    """
+
+    def __init__(self, kind: str, tried: Sequence[tuple[str, str]]) -> None:
+        rungs = "; ".join(f"{codec}: {why}" for codec, why in tried)
+        super().__init__(
+            f"no {kind} encoder works in this PyAV build (FFmpeg {av.ffmpeg_version_info}): tried {rungs}"
+        )
+        #: ``"video"`` or ``"audio"``
+        self.kind = kind
+        #: ``(encoder, why it failed)`` per rung, in the order tried
+        self.tried = tuple(tried)
+
+    def __reduce__(self) -> tuple[type[NoEncoderError], tuple[str, tuple[tuple[str, str], ...]]]:
+        return type(self), (self.kind, self.tried)
+
+
+_probe_lock = threading.Lock()
+_probed: dict[str, str | None] = {}  # encoder → why it cannot encode here (None: it can)
+
+
+def encode_failure(codec: str) -> str | None:
+    """Why ``codec`` cannot encode on this machine, or None if it can: a tiny encode through PyAV, run once
+    per process and encoder (then cached), so that what PyAV can open is what counts.
+
+    Without an NVENC block (no NVIDIA GPU, or a data-centre one: H100, H200, A100) NVENC's open fails in
+    about a millisecond; a software encoder's probe takes a few.
+    """
+    with _probe_lock:
+        if codec not in _probed:
+            _probed[codec] = _probe(codec)
+        return _probed[codec]
+
+
+def _probe(codec: str) -> str | None:
+    """Encode two 64×64 frames (a video encoder) or 20 ms of silence (an audio one) with ``codec``."""
+    try:
+        context: Any = av.codec.CodecContext.create(codec, "w")
+        if context.type == "audio":
+            rate = OPUS_SAMPLE_RATE
+            context.sample_rate, context.layout = rate, "mono"
+            context.format = context.codec.audio_formats[0].name
+            context.time_base = Fraction(1, rate)
+            context.open()
+            silence = av.AudioFrame.from_ndarray(
+                np.zeros((1, rate // 50), np.float32), format="fltp", layout="mono"
+            )
+            silence.sample_rate, silence.pts = rate, 0
+            resampler = av.AudioResampler(format=context.format.name, layout="mono", rate=rate)
+            for piece in resampler.resample(silence):
+                context.encode(piece)
+        else:
+            context.width = context.height = 64
+            context.pix_fmt = ENCODER_PIXEL_FORMAT
+            context.time_base = Fraction(1, 16)
+            context.open()
+            for pts in range(2):
+                frame = av.VideoFrame(64, 64, ENCODER_PIXEL_FORMAT)
+                frame.pts = pts
+                context.encode(frame)
+        context.encode(None)
+    except av.codec.codec.UnknownCodecError:
+        return "not an encoder of this PyAV build"
+    except av.FFmpegError as error:
+        return f"a test encode failed ({error})"
+    return None
+
+
+def auto_video_codec() -> str:
+    """What ``video_codec="auto"`` chooses first on this machine: the first rung of :data:`VIDEO_LADDER`
+    whose probe encodes (:func:`encode_failure`); :class:`NoEncoderError` naming every rung if none does.
+
+    A session whose open of it fails (NVENC's session limit) goes on to the rungs after it.
+    """
+    tried = []
+    for codec in VIDEO_LADDER:
+        failure = encode_failure(codec)
+        if failure is None:
+            return codec
+        tried.append((codec, failure))
+    raise NoEncoderError("video", tried)
+
+
+def audio_encoder() -> str:
+    """The audio encoder every soundtrack is written with here: ``"aac"`` where it encodes, else
+    ``"libopus"`` (at :data:`OPUS_SAMPLE_RATE`); :class:`NoEncoderError` naming both if neither does."""
+    tried = []
+    for codec in AUDIO_LADDER:
+        failure = encode_failure(codec)
+        if failure is None:
+            return codec
+        tried.append((codec, failure))
+    raise NoEncoderError("audio", tried)
+
+
+# -- a named encoder: its checks and defaults --
+
 #: Encoders that look ahead and reorder frames unless told not to (their ``tune`` takes "zerolatency").
 _LOOKAHEAD_ENCODERS = frozenset({"libx264", "libx265"})
+#: Encoders whose defaults are x264's, translated (:func:`auto_codec_options`): their own low-latency modes.
+_TRANSLATED_ENCODERS = frozenset({"libsvtav1", "libvpx-vp9"})
 
 
 def default_codec_options(codec: str, output: OutputKind = "mp4") -> dict[str, str]:
-    """Options that keep an x264/x265 encode up with a GPU decode: crf 18, veryfast, a bounded thread count;
-    for fragmented output also ``tune=zerolatency``.
+    """Options that keep an encode up with a GPU decode: for x264/x265 crf 18, veryfast, a bounded thread
+    count, and for fragmented output also ``tune=zerolatency``; for SVT-AV1 and libvpx-vp9 the same,
+    translated (see :func:`auto_codec_options`), with their own low-latency modes. Other encoders: none.
 
     The thread count is ``min(4, cores)``; pin ``threads`` yourself for byte-identical output across machines.
     zerolatency turns off frame reordering (B-frames) and the lookahead, so the first packet comes out with
     frame 0 instead of ~11 frames later: a streamed frame is only worth something once it has left.
     """
+    if codec in _TRANSLATED_ENCODERS:
+        return _translated(codec, default_codec_options("libx264"), output)
     if codec not in _LOOKAHEAD_ENCODERS:
         return {}
     options = {"crf": "18", "preset": "veryfast", "threads": str(min(4, os.cpu_count() or 1))}
@@ -76,7 +215,9 @@ def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -
     It can when the MP4 muxer takes its stream and it takes :data:`ENCODER_PIXEL_FORMAT` frames, which
     every encoder is opened for: one that takes only RGB (``libx264rgb``, ``png``) would refuse to open
     at the first frame, once the decode had begun. An encoder that names no pixel formats (hardware and
-    wrapper encoders) is let through; its open says.
+    wrapper encoders) is let through; its open says. A named encoder is never replaced by another: one
+    this build lacks is refused here, before any work. ``"auto"`` takes the codec-neutral options only;
+    which rung it opens is decided when the session's first frame is encoded.
     """
     if not isinstance(codec, str) or not codec:
         raise ValueError(f"video_codec must be an FFmpeg video encoder name such as 'libx264', got {codec!r}")
@@ -88,26 +229,38 @@ def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -
     except av.codec.codec.UnknownCodecError:
         raise ValueError(
             f"video_codec {codec!r} is not an encoder of this PyAV build "
-            f"(FFmpeg {av.ffmpeg_version_info}); try 'libx264'"
+            f"(FFmpeg {av.ffmpeg_version_info}); {_try_instead()}"
         ) from None
     if encoder.type != "video":
         raise ValueError(
-            f"video_codec {codec!r} is an {encoder.type} encoder, not a video encoder; try 'libx264'"
+            f"video_codec {codec!r} is an {encoder.type} encoder, not a video encoder; {_try_instead()}"
         )
     if encoder.name not in _mp4_codecs():
-        raise ValueError(f"video_codec {codec!r}: FFmpeg's MP4 muxer does not take its stream; try 'libx264'")
+        raise ValueError(
+            f"video_codec {codec!r}: FFmpeg's MP4 muxer does not take its stream; {_try_instead()}"
+        )
     formats = encoder.video_formats
     if formats is not None and ENCODER_PIXEL_FORMAT not in {f.name for f in formats}:
         taken = ", ".join(f.name for f in formats[:6]) + (", …" if len(formats) > 6 else "")
         raise ValueError(
             f"video_codec {codec!r} takes {taken} frames, but every encoder here is fed "
-            f"{ENCODER_PIXEL_FORMAT} (rgb24 frames are converted to it); try 'libx264'"
+            f"{ENCODER_PIXEL_FORMAT} (rgb24 frames are converted to it); {_try_instead()}"
         )
     known = _codec_option_names(codec)
     for name in options or {}:
         if name not in known:
             hint = did_you_mean(name, sorted(known), most=3)
             raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
+
+
+def _try_instead() -> str:
+    """The encoder a refused ``video_codec`` message suggests: libx264 where this build has it, else the
+    ladder (a build without GPL parts has none)."""
+    try:
+        av.codec.Codec("libx264", "w")
+    except av.codec.codec.UnknownCodecError:
+        return f"try 'auto' (the first of {', '.join(VIDEO_LADDER)} that works here)"
+    return "try 'libx264'"
 
 
 @functools.cache
@@ -129,13 +282,16 @@ def merge_codec_options(
 ) -> dict[str, str]:
     """The user's codec options over :func:`default_codec_options`; the default crf is left out when the
     user picked another rate control (``qp``, ``b``), which x264 would otherwise ignore in favour of crf.
-    A user's ``tune`` replaces the default zerolatency (and so may bring the lookahead back)."""
+    A user's ``tune`` replaces the default zerolatency (and so may bring the lookahead back), as a user's
+    ``svtav1-params`` replaces SVT-AV1's default one (and its real-time mode with it)."""
     merged = default_codec_options(codec, output)
     options = dict(options or {})
     if _RATE_CONTROL_OPTIONS & options.keys():
         merged.pop("crf", None)
     return {**merged, **options}
 
+
+# -- the codec-neutral options of "auto" --
 
 #: The options ``video_codec="auto"`` accepts: each means the same whichever encoder it chooses.
 CODEC_NEUTRAL_OPTIONS = ("crf", "preset", "threads", "g")
@@ -155,12 +311,20 @@ NVENC_PRESETS = {
 }
 #: x264's presets, fastest first.
 X264_PRESETS = tuple(NVENC_PRESETS)
+#: x264's presets → SVT-AV1's (0 slowest … 13 fastest; veryfast is 10, SVT-AV1's own default).
+SVT_AV1_PRESETS = dict(zip(X264_PRESETS, ("12", "11", "10", "9", "8", "7", "6", "5", "4", "2"), strict=True))
+#: x264's presets → libvpx-vp9's ``cpu-used`` under its realtime deadline (8 fastest).
+VP9_SPEEDS = dict(zip(X264_PRESETS, ("8", "8", "7", "6", "6", "5", "4", "3", "2", "1"), strict=True))
 #: The largest crf x264 takes (0 is lossless).
 MAX_CRF = 51
+#: The largest crf SVT-AV1 and libvpx-vp9 take: x264's 0–51 is stretched onto their 0–63.
+_MAX_AV1_VP9_CRF = 63
+#: SVT-AV1's highest level of parallelism (``lp``): a level, not a thread count.
+_MAX_SVT_PARALLELISM = 6
 
 
-#: The largest ``threads`` and ``g`` both libx264 and h264_nvenc open with: FFmpeg keeps each in a C int
-#: (one more is "out of range" at open). libx264 caps the threads it starts (67 at 1080p, from 1000 up).
+#: The largest ``threads`` and ``g`` every rung opens with: FFmpeg keeps each in a C int (one more is "out
+#: of range" at open). libx264 caps the threads it starts (67 at 1080p, from 1000 up), libvpx at 64.
 _MAX_C_INT = 2**31 - 1
 #: ASCII digits, with an optional fraction: ``float()`` also takes " 18", "1e1", "18_0", "inf", "nan" and
 #: other scripts' digits, some of which FFmpeg refuses
@@ -170,16 +334,16 @@ _PLAIN_DIGITS = re.compile(r"[0-9]+")
 
 
 def _check_neutral_options(options: Mapping[str, str]) -> None:
-    """Raise ValueError unless every option is codec-neutral, with a value both encoders take.
+    """Raise ValueError unless every option is codec-neutral, with a value every rung takes.
 
-    Each value has one plain form: a value either encoder refuses would pass the check and fail every
-    session at its first frame (a server: every request a 500).
+    Each value has one plain form: a value one rung refuses would pass the check and fail every session
+    that rung opens for at its first frame (a server: every request a 500).
     """
     for name, value in options.items():
         if name not in CODEC_NEUTRAL_OPTIONS:
             raise ValueError(
-                f"video_codec_options: {name!r} is not codec-neutral: video_codec='auto' may choose "
-                f"h264_nvenc or libx264, and accepts only {', '.join(CODEC_NEUTRAL_OPTIONS)} "
+                f"video_codec_options: {name!r} is not codec-neutral: video_codec='auto' may choose any of "
+                f"{', '.join(VIDEO_LADDER)}, and accepts only {', '.join(CODEC_NEUTRAL_OPTIONS)} "
                 "(name the codec to pass its own options)"
             )
         if name == "preset" and value not in X264_PRESETS:
@@ -214,54 +378,56 @@ def _shown(value: str) -> str:
 def auto_codec_options(
     codec: str, options: Mapping[str, str] | None, output: OutputKind = "mp4"
 ) -> dict[str, str]:
-    """The options ``codec`` gets under ``video_codec="auto"``: the codec-neutral ``options`` over x264's
-    defaults (crf 18, veryfast), translated for NVENC.
+    """The options rung ``codec`` gets under ``video_codec="auto"``: the codec-neutral ``options`` over
+    x264's defaults (crf 18, veryfast, ``min(4, cores)`` threads), translated for the rung.
 
-    libx264 takes them as they are. h264_nvenc: ``crf`` N → ``rc=vbr``, ``cq`` N, ``b=0`` (constant
-    quality on NVENC's own, roughly comparable, scale), ``preset`` through :data:`NVENC_PRESETS`, and for
-    fragmented output ``zerolatency`` (no reordering delay), as x264 gets ``tune=zerolatency``.
+    - libx264 takes them as they are (with ``tune=zerolatency`` for fragmented output).
+    - h264_nvenc: ``crf`` N → ``rc=vbr``, ``cq`` N, ``b=0`` (constant quality on NVENC's own, roughly
+      comparable, scale), ``preset`` through :data:`NVENC_PRESETS`, and for fragmented output
+      ``zerolatency`` (no reordering delay).
+    - libsvtav1: ``crf`` stretched from x264's 0–51 onto SVT-AV1's 1–63 (18 → 22; it has no lossless crf),
+      ``preset`` through :data:`SVT_AV1_PRESETS`, ``threads`` as its level of parallelism ``lp`` (0 its
+      choice, 1 its fewest threads, at most 6), ``g`` 0 as 1 (every frame a keyframe: FFmpeg's wrapper
+      leaves 0 to SVT-AV1's default). For fragmented output its real-time mode ``rtc=1``: low delay, one
+      packet per frame (its default random-access order holds ~20 frames back).
+    - libvpx-vp9: ``crf`` stretched onto 0–63 with ``b=0`` (constant quality), ``preset`` as ``cpu-used``
+      through :data:`VP9_SPEEDS`, ``threads`` and ``g`` as they are, and always the realtime deadline,
+      ``lag-in-frames=0`` and ``row-mt=1``: at the good deadline it is ~2× slower than x264 veryfast, and
+      under the realtime one a lookahead only holds frames back (measured: the same bytes).
     """
-    if codec != "h264_nvenc":
+    if codec in _LOOKAHEAD_ENCODERS:
         return merge_codec_options(codec, options, output)
-    merged = {**default_codec_options("libx264"), **(options or {})}
-    translated = {name: value for name, value in merged.items() if name not in ("crf", "preset")}
-    translated.update(rc="vbr", cq=merged["crf"], b="0", preset=NVENC_PRESETS[merged["preset"]])
-    if output == "fragmented":
-        translated["zerolatency"] = "1"
+    return _translated(codec, {**default_codec_options("libx264"), **(options or {})}, output)
+
+
+def _translated(codec: str, neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
+    """The codec-neutral options ``neutral`` (crf and preset given) in ``codec``'s own terms."""
+    crf, preset = float(neutral["crf"]), neutral["preset"]
+    threads, keyframes = neutral.get("threads"), neutral.get("g")
+    translated: dict[str, str] = {}
+    if codec == "h264_nvenc":
+        translated.update(rc="vbr", cq=neutral["crf"], b="0", preset=NVENC_PRESETS[preset])
+        if output == "fragmented":
+            translated["zerolatency"] = "1"
+        passed = {"threads": threads, "g": keyframes}
+    elif codec == "libsvtav1":
+        translated.update(crf=str(max(1, _stretched(crf))), preset=SVT_AV1_PRESETS[preset])
+        parameters = [] if threads is None else [f"lp={min(int(threads), _MAX_SVT_PARALLELISM)}"]
+        if output == "fragmented":
+            parameters.append("rtc=1")
+        if parameters:
+            translated["svtav1-params"] = ":".join(parameters)
+        passed = {"g": None if keyframes is None else str(max(1, int(keyframes)))}
+    elif codec == "libvpx-vp9":
+        translated.update(crf=str(_stretched(crf)), b="0", deadline="realtime")
+        translated.update({"cpu-used": VP9_SPEEDS[preset], "lag-in-frames": "0", "row-mt": "1"})
+        passed = {"threads": threads, "g": keyframes}
+    else:
+        raise ValueError(f"auto_codec_options: {codec!r} is not a rung of {', '.join(VIDEO_LADDER)}")
+    translated.update({name: value for name, value in passed.items() if value is not None})
     return translated
 
 
-_auto_lock = threading.Lock()
-_auto_codec: str | None = None
-
-
-def auto_video_codec() -> str:
-    """What ``video_codec="auto"`` chooses on this machine: ``"h264_nvenc"`` if a tiny encode with it works
-    (probed once per process, then cached), else ``"libx264"``.
-
-    Without an NVENC block (no NVIDIA GPU, or a data-centre one: H100, H200, A100) the open fails in about
-    a millisecond.
-    """
-    global _auto_codec
-    with _auto_lock:
-        if _auto_codec is None:
-            _auto_codec = "h264_nvenc" if _nvenc_encodes() else "libx264"
-        return _auto_codec
-
-
-def _nvenc_encodes() -> bool:
-    """Encode two 64×64 frames with h264_nvenc: whether it works here."""
-    try:
-        context: Any = av.codec.CodecContext.create("h264_nvenc", "w")
-        context.width = context.height = 64
-        context.pix_fmt = "yuv420p"
-        context.time_base = Fraction(1, 16)
-        context.open()
-        for pts in range(2):
-            frame = av.VideoFrame(64, 64, "yuv420p")
-            frame.pts = pts
-            context.encode(frame)
-        context.encode(None)
-    except (av.FFmpegError, av.codec.codec.UnknownCodecError):
-        return False
-    return True
+def _stretched(crf: float) -> int:
+    """x264's crf (0–51) on the 0–63 scale of SVT-AV1 and libvpx-vp9, rounded."""
+    return round(crf * _MAX_AV1_VP9_CRF / MAX_CRF)

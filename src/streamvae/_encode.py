@@ -1,4 +1,4 @@
-"""Encode: one MP4 per batch entry, H.264 (or another FFmpeg codec) with an optional AAC track.
+"""Encode: one MP4 per batch entry, H.264 (or another FFmpeg codec) with an optional AAC (or Opus) track.
 
 An :class:`EntryEncoder` is driven from a worker thread, a call or two per transfer group (fragmented
 output: its first frame alone, which closes the previous group's fragment, then the rest). It never crosses
@@ -8,8 +8,10 @@ value of :meth:`EntryEncoder.encode` / :meth:`EntryEncoder.finish`, between fram
 back as :class:`MP4Piece` (whole fragments that know their frames, cut here once, in the worker thread),
 which every consumer downstream takes as they are.
 
-The container is opened here, so its muxer options and I/O are here too; what the codec is opened with
-(defaults, checks, ``video_codec="auto"``) is ``_codec_options``'.
+The container is opened here, so its muxer options and I/O are here too, and so is the climb down
+``video_codec="auto"``'s ladder when an open fails; what each codec is opened with (defaults, checks, the
+ladder's rungs and probes) is ``_codec_options``'. A soundtrack is AAC at the waveform's own rate where this
+build has an AAC encoder; else Opus, resampled to 48 kHz (Opus takes no 44.1 kHz), on the same timeline.
 """
 
 from __future__ import annotations
@@ -27,12 +29,17 @@ from av.video.reformatter import ColorRange, Colorspace
 
 from streamvae._codec_options import (
     ENCODER_PIXEL_FORMAT,
+    OPEN_FAILURES,
+    OPUS_SAMPLE_RATE,
+    VIDEO_LADDER,
+    NoEncoderError,
     OutputKind,
+    audio_encoder,
     auto_codec_options,
-    auto_video_codec,
+    encode_failure,
     merge_codec_options,
 )
-from streamvae._fragments import FragmentCutter, MP4Piece
+from streamvae._fragments import FragmentCutter, MP4Piece, codec_string
 from streamvae._live_audio import LiveAudioTrack, samples_for_frames
 from streamvae._output_file import OutputFile
 from streamvae._quantize import PixelFormat
@@ -128,12 +135,14 @@ class EntryEncoder:
     Frames arrive as uint8 arrays, ``[T, H, W, 3]`` (rgb24, converted to BT.709 yuv420p by swscale) or
     ``[T, H * 3 // 2, W]`` (planar yuv420p, BT.709 limited range, used as is). The container opens with the
     first frames and is always closed, by :meth:`finish` or :meth:`close`. Audio — a whole waveform
-    (``audio``) or a live track its pushes fill as the video goes (``live_audio``) — is one AAC stream
-    muxed interleaved with the video as frames arrive, up to the video's time and never ahead of it, both
+    (``audio``) or a live track its pushes fill as the video goes (``live_audio``) — is one stream muxed
+    interleaved with the video as frames arrive, up to the video's time and never ahead of it, both
     tracks starting at 0; at :meth:`finish` it is trimmed or padded with silence to the video's duration
-    (a session checks first that a live track is within one frame of it). With ``file``, the MP4 is also
-    written to that path, which holds either the complete file (after :meth:`finish`) or what it held
-    before (see :class:`OutputFile`).
+    (a session checks first that a live track is within one frame of it). It is AAC at the waveform's
+    rate, or where this build has no AAC encoder Opus at 48 kHz, resampled as it goes (the resampler's
+    last samples are flushed at :meth:`finish`, so the track still lasts the video's duration). With
+    ``file``, the MP4 is also written to that path, which holds either the complete file (after
+    :meth:`finish`) or what it held before (see :class:`OutputFile`).
 
     :meth:`encode` and :meth:`finish` return the output as :class:`MP4Piece`: for fragmented output a
     piece per fragment as the muxer writes it (then the ``mfra``); a plain MP4 is one piece at
@@ -142,8 +151,9 @@ class EntryEncoder:
     every frame before the first one it was given. :attr:`frames_out` counts the frames the returned
     pieces hold.
 
-    ``video_codec="auto"``: h264_nvenc if :func:`auto_video_codec` found it working, else (or if this
-    encoder's NVENC open fails) libx264, with codec-neutral options (:func:`auto_codec_options`).
+    ``video_codec="auto"``: the first rung of :data:`VIDEO_LADDER` (h264_nvenc, libx264, libsvtav1,
+    libvpx-vp9) whose probe encodes and whose open here succeeds, with the codec-neutral options translated
+    for it (:func:`auto_codec_options`); :class:`NoEncoderError`, naming every rung, if none opens.
 
     Not thread-safe: one caller at a time (the session gives each entry its own task); only :meth:`open`
     and :meth:`close` may race (a cancelled session closes while another stage opens).
@@ -175,6 +185,8 @@ class EntryEncoder:
         self.codec_options = {} if video_codec == "auto" else self._options_for(video_codec)
         #: the video encoder that opened (what "auto" chose); None before
         self.encoder_name: str | None = None
+        #: the audio encoder that opened ("aac", else "libopus"); None before, or without audio
+        self.audio_codec: str | None = None
         self.fragment_frames = fragment_frames
         self.file = Path(file) if file is not None else None
         if audio is not None and live_audio is not None:
@@ -186,7 +198,9 @@ class EntryEncoder:
         self._audio = audio
         self._live_audio = live_audio
         self._sample_rate = audio_sample_rate
-        self._audio_sent = 0
+        self._audio_sent = 0  # samples of the waveform's (or the live track's) rate encoded so far
+        self._resampler: Any = None  # Opus: the waveform's rate → 48 kHz
+        self._audio_out = 0  # samples the audio encoder was given, at its own rate
         self.frames_encoded = 0
         #: frames held by the pieces returned so far (a frame waits in the muxer until its fragment closes)
         self.frames_out = 0
@@ -217,21 +231,16 @@ class EntryEncoder:
     def open(self, height: int, width: int, codec: str | None = None) -> None:
         """Open the container and encoder for ``height``×``width`` frames (else :meth:`encode` does), once.
 
-        ``codec`` picks the encoder under ``video_codec="auto"``; without it, auto tries
-        :func:`auto_video_codec`'s choice, then libx264. A failed open raises, leaving this encoder unopened.
+        ``codec`` picks the rung under ``video_codec="auto"``; without it, auto climbs the ladder (see
+        :func:`open_entry_encoders`). A failed open raises, leaving this encoder unopened.
         """
+        if self.video_codec == "auto" and codec is None:
+            _open_on_ladder([self], height, width)
+            return
         with self._open_lock:
             if self._container is not None or self._closed:
                 return
-            if self.video_codec != "auto":
-                self._open(height, width, self.video_codec)
-            elif codec is not None:
-                self._open(height, width, codec)
-            else:
-                try:
-                    self._open(height, width, auto_video_codec())
-                except av.FFmpegError:
-                    self._open(height, width, "libx264")
+            self._open(height, width, self.video_codec if codec is None else codec)
 
     def _open(self, height: int, width: int, codec: str) -> None:
         try:
@@ -248,7 +257,8 @@ class EntryEncoder:
         self._close_file()
         self._memory = self._collector = None
         self._closed = False
-        self.encoder_name = None
+        self.encoder_name = self.audio_codec = None
+        self._resampler = None
 
     def _open_streams(self, height: int, width: int, codec: str) -> None:
         target: Any
@@ -278,8 +288,18 @@ class EntryEncoder:
         self._video = video
         channels = self._audio_channels()
         if channels is not None:
-            layout = "mono" if channels == 1 else "stereo"
-            self._audio_stream = self._container.add_stream("aac", rate=self._sample_rate, layout=layout)
+            self._open_audio("mono" if channels == 1 else "stereo")
+
+    def _open_audio(self, layout: str) -> None:
+        """The soundtrack's stream: AAC at the waveform's rate, else Opus at 48 kHz through a resampler
+        (to the packed samples libopus takes, whatever the rate)."""
+        codec = audio_encoder()
+        rate = self._sample_rate if codec == "aac" else OPUS_SAMPLE_RATE
+        self._audio_stream = self._container.add_stream(codec, rate=rate, layout=layout)
+        if codec != "aac":
+            encoded = self._audio_stream.codec_context.format.name  # the stream's own: s16 for libopus
+            self._resampler = av.AudioResampler(format=encoded, layout=layout, rate=rate)
+        self.audio_codec = codec
 
     def _audio_channels(self) -> int | None:
         if self._audio is not None:
@@ -342,7 +362,7 @@ class EntryEncoder:
     def _send_audio(self, until: int, *, final: bool = False) -> None:
         """Encode the audio after the samples sent so far, up to sample index ``until``: a waveform's
         samples, silence past its end; a live track's samples as far as they have arrived (``final``: and
-        silence for any missing, since no more will come). Every call continues the one AAC stream."""
+        silence for any missing, since no more will come). Every call continues the one audio stream."""
         if self._audio_stream is None or until <= self._audio_sent:
             return
         start, wanted = self._audio_sent, until - self._audio_sent
@@ -365,8 +385,20 @@ class EntryEncoder:
         frame.sample_rate = self._sample_rate
         frame.pts = start
         frame.time_base = Fraction(1, self._sample_rate)
-        self._mux(self._audio_stream.encode(frame))
         self._audio_sent = start + piece.shape[1]
+        if self._resampler is None:
+            self._mux(self._audio_stream.encode(frame))
+        else:
+            self._encode_audio(self._resampler.resample(frame))
+
+    def _encode_audio(self, frames: list[Any]) -> None:
+        """Encode resampled ``frames``, stamped with the samples before them at the encoder's rate: the
+        resampler's own timestamps round, and a track stamped by its sample count never drifts."""
+        rate = OPUS_SAMPLE_RATE
+        for frame in frames:
+            frame.pts, frame.time_base = self._audio_out, Fraction(1, rate)
+            self._audio_out += frame.samples
+            self._mux(self._audio_stream.encode(frame))
 
     def _mux_video(self, packets: list[Any]) -> None:
         # Every frame lasts one frame. x264 leaves the duration 0, and the muxer then writes a duration of 0
@@ -405,6 +437,8 @@ class EntryEncoder:
             self._mux_video(self._video.encode(None))
             if self._audio_stream is not None:
                 self._send_audio(self._audio_samples_for(self.frames_encoded), final=True)
+                if self._resampler is not None:
+                    self._encode_audio(self._resampler.resample(None))  # the samples it still holds
                 self._mux(self._audio_stream.encode(None))
         finally:
             self._close_container()
@@ -414,7 +448,7 @@ class EntryEncoder:
                 self._file.write(data)
             self.bytes_out += len(data)
             self.frames_out = self.frames_encoded
-            pieces = [MP4Piece(data, self.frames_encoded, self.frames_encoded)]
+            pieces = [MP4Piece(data, self.frames_encoded, self.frames_encoded, codec_string(data))]
         else:
             assert self._cutter is not None
             pieces = self._take_output()
@@ -447,7 +481,7 @@ class EntryEncoder:
             container.close()
         # The streams hold the container and its codecs (x264's buffers and threads): let them go now,
         # not whenever this encoder is dropped.
-        self._video = self._audio_stream = None
+        self._video = self._audio_stream = self._resampler = None
 
     def _close_file(self) -> None:
         file, self._file = self._file, None
@@ -458,23 +492,40 @@ class EntryEncoder:
 def open_entry_encoders(encoders: Sequence[EntryEncoder], frame_shape: Sequence[int]) -> None:
     """Worker thread: open every entry's encoder before its first frame, all with the same codec.
 
-    Under ``video_codec="auto"``: NVENC only if every entry's opens (a GPU's NVENC session limit may refuse
-    the later ones); else all reopen with libx264, before any frame was encoded.
+    Under ``video_codec="auto"`` every entry opens the same rung of the ladder: a rung is taken only if
+    every entry's open succeeds (a GPU's NVENC session limit may refuse the later ones), else all close and
+    the next rung is tried, before any frame was encoded.
     """
     if not encoders:
         return
-    first = encoders[0]
-    height, width = first.frame_size(frame_shape)
-    first.open(height, width)
-    try:
-        for encoder in encoders[1:]:
-            encoder.open(height, width, first.encoder_name)
-    except av.FFmpegError:
-        if first.video_codec != "auto" or first.encoder_name == "libx264":
-            raise
-        for encoder in encoders:
-            with encoder._open_lock:
-                if not encoder._closed:
-                    encoder._unopen()
-        for encoder in encoders:
-            encoder.open(height, width, "libx264")
+    height, width = encoders[0].frame_size(frame_shape)
+    if encoders[0].video_codec == "auto":
+        _open_on_ladder(encoders, height, width)
+        return
+    for encoder in encoders:
+        encoder.open(height, width)
+
+
+def _open_on_ladder(encoders: Sequence[EntryEncoder], height: int, width: int) -> None:
+    """Open ``encoders`` with the first rung of :data:`VIDEO_LADDER` that every one of them opens; skip a
+    rung whose probe failed; :class:`NoEncoderError` naming every rung and its failure if none opens.
+
+    A rung climbed past leaves nothing open: each rung builds its containers, and a failure closes them
+    (removing any output file's temporary) before the next rung begins.
+    """
+    tried: list[tuple[str, str]] = []
+    for codec in VIDEO_LADDER:
+        failure = encode_failure(codec)
+        if failure is None:
+            try:
+                for encoder in encoders:
+                    encoder.open(height, width, codec)
+                return
+            except OPEN_FAILURES as error:
+                failure = f"its open failed ({error})"
+                for encoder in encoders:
+                    with encoder._open_lock:
+                        if not encoder._closed:
+                            encoder._unopen()
+        tried.append((codec, failure))
+    raise NoEncoderError("video", tried)

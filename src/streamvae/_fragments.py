@@ -5,7 +5,9 @@ out", and the bytes it writes end wherever its last write did. :class:`FragmentC
 headers of the muxer's output once, as it comes, and cuts it after every fragment's ``mdat``: each
 :class:`MP4Piece` is whole top-level boxes, and says how many video frames it lets a player show. The
 encoder hands these pieces on to every consumer — the sinks, a byte stream's reader, a WebSocket client,
-a pacer — so nobody parses the boxes a second time.
+a pacer — so nobody parses the boxes a second time. The piece that holds the ``moov`` (the init segment)
+also carries its tracks' RFC 6381 codec string (:func:`codec_string`), which a ``Content-Type`` and a
+Media Source buffer need (``avc1.64001f, mp4a.40.2``; ``av01.0.04M.08, opus``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 
 from streamvae._public import public
 
-__all__ = ["FragmentCutter", "MP4Piece"]
+__all__ = ["FragmentCutter", "MP4Piece", "codec_string"]
 
 _HEADER = struct.Struct(">I4s")
 _LARGE_SIZE = struct.Struct(">Q")
@@ -39,6 +41,9 @@ class MP4Piece:
     frames: int
     #: video frames up to the end of this piece (the pieces before it and this one)
     frames_until: int
+    #: the piece that holds the ``moov``: its tracks' RFC 6381 codec string, video first
+    #: (``"avc1.64001f, mp4a.40.2"``); None on every other piece, or for a codec it does not know
+    codecs: str | None = None
 
 
 class FragmentCutter:
@@ -58,6 +63,7 @@ class FragmentCutter:
         self._cut_bytes = 0  # bytes of the file before the buffer (handed on in pieces)
         self._scanned = 0  # bytes at the front of the buffer that are whole boxes
         self._pending = 0  # video samples of the last moof, counted once its mdat is whole
+        self._codecs: str | None = None  # the moov's codec string, for the piece that holds it
 
     def feed(self, data: bytes) -> list[MP4Piece]:
         """Read the next ``data`` of the file; the pieces it completes (maybe none)."""
@@ -70,6 +76,8 @@ class FragmentCutter:
             kind, size = box
             if kind == b"moof":
                 self._pending = _video_samples(bytes(self._buffer[self._scanned : self._scanned + size]))
+            elif kind == b"moov":
+                self._codecs = _moov_codecs(bytes(self._buffer[self._scanned : self._scanned + size]))
             self._scanned += size
             if kind == b"mdat":
                 self.fragments += 1
@@ -108,7 +116,8 @@ class FragmentCutter:
         self._cut_bytes += self._scanned
         self._scanned = 0
         self.samples += frames
-        return MP4Piece(data, frames, self.samples)
+        codecs, self._codecs = self._codecs, None
+        return MP4Piece(data, frames, self.samples, codecs)
 
 
 def _video_samples(moof: bytes) -> int:
@@ -138,3 +147,110 @@ def _children(data: bytes, start: int, end: int) -> list[tuple[bytes, tuple[int,
         boxes.append((kind, (start + _HEADER.size, start + size)))
         start += size
     return boxes
+
+
+# -- the codec string of the init segment --
+
+
+def codec_string(data: bytes) -> str | None:
+    """The RFC 6381 codec string of the tracks of the MP4 that starts with ``data`` (whole top-level boxes,
+    the ``moov`` among them: a fragmented MP4's first piece, a faststart MP4), video first, as a
+    ``Content-Type``'s ``codecs`` parameter and ``MediaSource.isTypeSupported`` take it.
+
+    It is read from each track's sample entry: ``avc1.PPCCLL`` (avcC), ``av01.P.LLT.DD`` (av1C),
+    ``vp09.PP.LL.DD`` (vpcC), ``mp4a.40.N`` (esds), ``opus``: what the ladder's encoders and the soundtrack
+    write. None without a ``moov``, or if a track has another codec (HEVC, which few browsers play from
+    MSE, among them): a partial string would make a player refuse the tracks it leaves out.
+    """
+    for kind, (body, end) in _children(data, 0, len(data)):
+        if kind == b"moov":
+            return _moov_codecs(data[body - _HEADER.size : end])
+    return None
+
+
+def _moov_codecs(moov: bytes) -> str | None:
+    codecs = []
+    for kind, trak in _children(moov, _HEADER.size, len(moov)):
+        if kind != b"trak":
+            continue
+        entry = _sample_entry(moov, trak)
+        codec = None if entry is None else _entry_codec(moov, *entry)
+        if codec is None:
+            return None
+        codecs.append(codec)
+    return ", ".join(codecs) or None
+
+
+def _sample_entry(data: bytes, trak: tuple[int, int]) -> tuple[bytes, int, int] | None:
+    """The type and span (from its header) of a track's first sample entry: trak/mdia/minf/stbl/stsd."""
+    span = trak
+    for name in (b"mdia", b"minf", b"stbl", b"stsd"):
+        found = next((child for kind, child in _children(data, *span) if kind == name), None)
+        if found is None:
+            return None
+        span = found
+    start = span[0] + 8  # stsd's version, flags and entry count
+    if start + _HEADER.size > span[1]:
+        return None
+    size, kind = _HEADER.unpack_from(data, start)
+    return bytes(kind), start, min(start + size, span[1])
+
+
+#: Where a sample entry's child boxes start, from its header: after SampleEntry's 8 bytes and the visual
+#: entry's 70 (width, height, resolution, compressor name, ...) or the audio entry's 20 (version 0).
+_VISUAL_CHILDREN = _HEADER.size + 8 + 70
+_AUDIO_CHILDREN = _HEADER.size + 8 + 20
+
+
+def _entry_codec(data: bytes, kind: bytes, start: int, end: int) -> str | None:
+    if kind == b"Opus":
+        return "opus"
+    offset = _AUDIO_CHILDREN if kind == b"mp4a" else _VISUAL_CHILDREN
+    boxes = {child: data[body:stop] for child, (body, stop) in _children(data, start + offset, end)}
+    if kind in (b"avc1", b"avc3") and len(boxes.get(b"avcC", b"")) >= 4:
+        return f"{kind.decode()}.{boxes[b'avcC'][1:4].hex()}"
+    if kind == b"av01" and len(boxes.get(b"av1C", b"")) >= 3:
+        config = boxes[b"av1C"]
+        profile, level = config[1] >> 5, config[1] & 0x1F
+        tier = "H" if config[2] & 0x80 else "M"
+        depth = (12 if config[2] & 0x20 else 10) if config[2] & 0x40 else 8  # high_bitdepth, twelve_bit
+        return f"av01.{profile}.{level:02d}{tier}.{depth:02d}"
+    if kind == b"vp09" and len(boxes.get(b"vpcC", b"")) >= 7:
+        config = boxes[b"vpcC"][4:]  # after the full box's version and flags
+        return f"vp09.{config[0]:02d}.{config[1]:02d}.{config[2] >> 4:02d}"
+    if kind == b"mp4a" and b"esds" in boxes:
+        audio_object = _aac_object_type(boxes[b"esds"])
+        return None if audio_object is None else f"mp4a.40.{audio_object}"
+    return None
+
+
+def _aac_object_type(esds: bytes) -> int | None:
+    """The audio object type (2: AAC-LC) in esds's ES descriptor → decoder config → decoder specific info,
+    when the decoder config says MPEG-4 audio (object type indication 0x40); None for anything else."""
+    position = 4  # after the full box's version and flags
+    for tag in (0x03, 0x04, 0x05):
+        if position >= len(esds) or esds[position] != tag:
+            return None
+        position += 1
+        for _ in range(4):  # the descriptor's size: up to 4 bytes, 7 bits each, high bit "more"
+            position += 1
+            if position > len(esds) or not esds[position - 1] & 0x80:
+                break
+        if tag == 0x03 and position + 3 <= len(esds):
+            flags = esds[position + 2]  # after ES_ID: stream dependence, URL, OCR stream
+            position += 3 + 2 * bool(flags & 0x80)  # the ES_ID it depends on
+            if flags & 0x40 and position < len(esds):  # a URL, its length first
+                position += 1 + esds[position]
+            position += 2 * bool(flags & 0x20)  # the OCR stream's ES_ID
+        elif tag == 0x04:
+            if position >= len(esds) or esds[position] != 0x40:
+                return None
+            position += 13
+    if position >= len(esds):
+        return None
+    audio_object = esds[position] >> 3
+    if audio_object == 31:  # escaped: 6 more bits
+        if position + 1 >= len(esds):
+            return None
+        audio_object = 32 + (((esds[position] & 0x07) << 3) | (esds[position + 1] >> 5))
+    return audio_object

@@ -80,12 +80,19 @@ class SessionOptions:
       ``preset`` veryfast, ``threads`` min(4, cores) — pin ``threads`` for byte-identical output; with
       ``output="fragmented"`` also ``tune`` zerolatency, so no frame waits for later ones: a ``tune`` of
       yours replaces it, and brings B-frames and the lookahead back unless it is zerolatency too).
-      ``"h264_nvenc"`` gets FFmpeg's defaults and your options. ``"auto"``: h264_nvenc where a tiny test
-      encode works (probed once per process), else libx264 — also when the session's own NVENC open
-      fails (NVENC session limits), before any frame; every entry of a session uses one codec, shown by
-      :attr:`ChunkedVideoMP4Session.encoder_name`. ``"auto"`` takes only codec-neutral options (``crf``,
-      ``preset``: one of x264's, ``threads``, ``g``; anything else is a ValueError), translated for NVENC
-      (``crf`` → ``rc=vbr`` + ``cq`` + ``b=0``, ``preset`` via ``NVENC_PRESETS``: veryfast → p2).
+      ``"libsvtav1"`` and ``"libvpx-vp9"`` get the same defaults translated, with their low-latency modes
+      (SVT-AV1's ``rtc=1`` for fragmented output; VP9's realtime deadline, ``lag-in-frames=0``,
+      ``row-mt``); ``"h264_nvenc"`` gets FFmpeg's defaults and your options. A named encoder is never
+      replaced: one this build lacks is a ValueError here. ``"auto"`` climbs a ladder, h264_nvenc →
+      libx264 → libsvtav1 → libvpx-vp9: each rung is probed by a tiny test encode (once per process),
+      and a session whose open of a rung fails (NVENC session limits) takes the next, before any frame;
+      none that opens is a ``streamvae.NoEncoderError`` naming every rung. Every entry of a session uses
+      one codec, shown by :attr:`ChunkedVideoMP4Session.encoder_name` and the statistics. ``"auto"``
+      takes only codec-neutral options (``crf`` on x264's 0–51, ``preset``: one of x264's, ``threads``,
+      ``g``; anything else is a ValueError), translated for each rung (NVENC: ``crf`` → ``rc=vbr`` +
+      ``cq`` + ``b=0``, ``preset`` via ``NVENC_PRESETS``; SVT-AV1 and VP9: ``crf`` stretched onto their
+      0–63, ``preset`` via ``SVT_AV1_PRESETS`` / ``VP9_SPEEDS``). A soundtrack is AAC, or Opus resampled
+      to 48 kHz where the build has no AAC encoder.
     - ``pixel_format``: ``"rgb24"`` (quantize to RGB; the host converts with swscale), ``"yuv420p"`` (convert
       on the chunk's device; half the bytes, no host conversion) or ``"auto"``: yuv420p for CUDA chunks,
       rgb24 otherwise (on a CPU the rgb24 path is the cheaper one, see docs/benchmarks.md).

@@ -116,7 +116,10 @@ class ChunkedVideoMP4Session:
         """A snapshot of the counters and latencies: time to the first push and to the first fragment that
         holds a frame, each chunk's push → its last frame's bytes handed on (median, max, count)."""
         return self._latency.snapshot(
-            frames_pushed=self.frames_pushed, frames_encoded=self.frames_encoded, bytes_out=self.bytes_out
+            frames_pushed=self.frames_pushed,
+            frames_encoded=self.frames_encoded,
+            bytes_out=self.bytes_out,
+            encoder_name=self.encoder_name,
         )
 
     def transfer_stats(self) -> ChunkTransferStats | None:

@@ -48,6 +48,9 @@ class SessionStatistics:
     frames_encoded: int
     #: MP4 bytes produced, all entries together
     bytes_out: int
+    #: the FFmpeg name of the video encoder every entry opened (``"libx264"``; under ``video_codec="auto"``
+    #: the rung that opened: ``"libsvtav1"``, ...), once the first push's encoder opened (None before)
+    encoder_name: str | None = None
 
 
 class LatencyRecorder:
@@ -94,7 +97,9 @@ class LatencyRecorder:
         while self._waiting and self._waiting[0][0] <= out:
             self._latencies.append(now - self._waiting.popleft()[1])
 
-    def snapshot(self, *, frames_pushed: int, frames_encoded: int, bytes_out: int) -> SessionStatistics:
+    def snapshot(
+        self, *, frames_pushed: int, frames_encoded: int, bytes_out: int, encoder_name: str | None
+    ) -> SessionStatistics:
         latencies = self._latencies
         return SessionStatistics(
             time_to_first_push=self._since_entered(self._first_push),
@@ -106,6 +111,7 @@ class LatencyRecorder:
             frames_pushed=frames_pushed,
             frames_encoded=frames_encoded,
             bytes_out=bytes_out,
+            encoder_name=encoder_name,
         )
 
     def _since_entered(self, moment: float | None) -> float | None:

@@ -1,6 +1,10 @@
 """The commands: ``demo`` and ``decode`` build a :class:`DecodeJob` from the parsed arguments and run it;
 ``serve`` runs the server.
 
+Every command encodes with ``video_codec="auto"``: the first of h264_nvenc, libx264, libsvtav1 and
+libvpx-vp9 that works on this machine, so that the command works on any FFmpeg (one without GPL parts has
+no libx264). ``--crf`` and ``--preset`` are codec-neutral there, translated for the encoder chosen.
+
 A job's session options are built into one checked :class:`streamvae.SessionOptions` as soon as the VAE is
 known (its value range is the decoder's), so a bad option fails before anything is decoded. What a
 command needs (torch, diffusers, the session) is imported when it runs, so that ``--help`` and an option
@@ -45,6 +49,7 @@ def session_options(args: argparse.Namespace, vae: Any, *, fps: Fraction, **extr
         value_range=as_decoder(vae).chunk_value_range,
         fps=fps,
         output=args.container,
+        video_codec="auto",
         video_codec_options=codec,
         **extra,
     )
@@ -146,5 +151,6 @@ def serve(args: argparse.Namespace) -> int:
         max_concurrent=args.max_concurrent,
         max_queued=args.max_queued,
         stall_timeout=args.stall_timeout,
+        session_options={"video_codec": "auto"},  # the app's default is libx264, which a build may lack
     )
     return 0

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
 import av
 
+from streamvae._codec_options import NoEncoderError
 from streamvae.cli._inputs import CliError
 from streamvae.cli._parser import build_parser
 
-# What a user's input can make the decode raise (a codec option, an output path); anything else is a bug
-# and keeps its traceback.
-_USER_ERRORS = (CliError, ValueError, TypeError, OSError, av.error.FFmpegError)
+# What a user's input (a codec option, an output path) or machine (no encoder that works) can make the
+# decode raise; anything else is a bug and keeps its traceback.
+_USER_ERRORS = (CliError, ValueError, TypeError, OSError, av.error.FFmpegError, NoEncoderError)
 
 #: The exit status of a run stopped by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
 _INTERRUPTED = 130
@@ -22,6 +24,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status: 1 for a problem with the input, reported in one
     ``streamvae: error: …`` line on stderr, and 130 for Ctrl-C, reported as ``streamvae: interrupted``
     once the decode has stopped (its partial outputs removed, files that were there before untouched)."""
+    # SVT-AV1 prints a 17-line banner at every open, between the progress bar's lines: errors only. The
+    # command owns its process, so it may set what the library never would; a user's SVT_LOG wins.
+    os.environ.setdefault("SVT_LOG", "1")
     try:
         args = build_parser().parse_args(argv)
         status: int = args.run(args)

@@ -52,14 +52,18 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_encode_options(parser: argparse.ArgumentParser, *, fps: Fraction | None, fps_help: str) -> None:
     parser.add_argument("--fps", type=_fps, default=fps, help=f"frames per second (default {fps_help})")
+    # The encoder is video_codec="auto"'s choice (NVENC, x264, SVT-AV1 or VP9, whichever works here): both
+    # options are on x264's scale, translated for the encoder chosen.
     parser.add_argument(
-        "--crf", type=_crf, help="x264 constant rate factor, 0–51 (default 18; lower is better)"
+        "--crf",
+        type=_crf,
+        help="constant rate factor on x264's scale, 0–51 (default 18; lower is better), for any encoder",
     )
     parser.add_argument(
         "--preset",
         choices=X264_PRESETS,
         metavar="PRESET",
-        help="x264 preset: ultrafast … veryslow (default veryfast)",
+        help="x264's presets: ultrafast … veryslow (default veryfast), translated for any encoder",
     )
     containers = "fragmented MP4, written as it is encoded (default), or a plain MP4 written at the end"
     parser.add_argument("--container", choices=["fragmented", "mp4"], default="fragmented", help=containers)
@@ -87,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     decode.add_argument("--vae", type=Path, required=True, help="a diffusers VAE directory (save_pretrained)")
     decode.add_argument("--subfolder", help="the VAE's folder inside --vae (a pipeline's: vae)")
     decode.add_argument("--key", help="the tensor's name, when the file holds several")
-    decode.add_argument("--audio", type=Path, help="a 16-bit PCM WAV to mux as AAC into every output")
+    decode.add_argument(
+        "--audio", type=Path, help="a 16-bit PCM WAV to mux into every output (AAC, else Opus at 48 kHz)"
+    )
     decode.add_argument("--tile", action="store_true", help="decode in spatial tiles (vae.enable_tiling())")
     decode.add_argument(
         "--denormalize",

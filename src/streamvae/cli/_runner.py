@@ -39,15 +39,17 @@ class DecodeSummary:
     first_byte_seconds: float | None
     bytes_out: int
     outputs: list[Path]
+    encoder_name: str | None = None  # the video encoder that opened (what video_codec="auto" chose)
 
     def line(self) -> str:
         names = ", ".join(str(p) for p in self.outputs)
         first = "-" if self.first_byte_seconds is None else f"{self.first_byte_seconds:.2f} s"
         size = "" if self.width is None else f" {self.width}×{self.height}"
+        encoder = "" if self.encoder_name is None else f" ({self.encoder_name})"
         return (
             f"{names}: {self.frames} frames{size} in {self.seconds:.2f} s "
             f"({self.frames / self.seconds:.1f} fps), first byte after {first}, "
-            f"{_human_bytes(self.bytes_out)}"
+            f"{_human_bytes(self.bytes_out)}{encoder}"
         )
 
 
@@ -110,6 +112,7 @@ async def run_decode(job: DecodeJob, *, progress: bool = True) -> DecodeSummary:
         first_byte_seconds=first_byte[0] if first_byte else None,
         bytes_out=sessions[0].bytes_out,
         outputs=job.outputs,
+        encoder_name=sessions[0].encoder_name,
     )
 
 

@@ -52,7 +52,11 @@ class MP4Response(Response):
     reads and discards the others meanwhile: the entries share one pipeline, which an unread entry would
     stop (a single stream is sent whatever its entry).
 
-    - The status line (``status_code``, ``headers``) goes out with the first bytes. An error before them
+    - The status line (``status_code``, ``headers``) goes out with the first bytes, whose init segment
+      names the codecs: the ``Content-Type`` is ``video/mp4; codecs="avc1.64001f, mp4a.40.2"`` with the
+      RFC 6381 string of what was encoded (``av01.0.04M.08, opus`` where the ladder chose AV1 and Opus),
+      so a client can ask ``MediaSource.isTypeSupported`` before it appends a byte; a ``content-type`` in
+      ``headers`` is sent as given. An error before them
       is answered with a short plain-text status instead: a Starlette ``HTTPException`` raised by the
       block with its own status, detail and headers (how an app says 503 or 400), anything else a 500
       whose traceback is logged (logger ``streamvae.server``), never sent.
@@ -100,6 +104,7 @@ class MP4Response(Response):
         self._pacer = pacer
         self.background = None
         self.init_headers(headers)
+        self._content_type_given = any(name.lower() == "content-type" for name in headers or {})
         self._streams = streams
         self._entry = entry
         self._stall_timeout = stall_timeout
@@ -140,8 +145,9 @@ class MP4Response(Response):
                         await self._pacer.wait(piece.frames)  # the frames the encoder counted in it
                     data = piece.data
                     if not started:
-                        # Headers go with the first bytes, so a decode that fails at once is still an error.
-                        await self._send(send, self._start())
+                        # Headers go with the first bytes, so a decode that fails at once is still an error
+                        # (and the first piece holds the moov, which names the codecs).
+                        await self._send(send, self._start(piece.codecs))
                         started = True
                     await self._send(send, {"type": "http.response.body", "body": data, "more_body": True})
         except ReaderStalledError:
@@ -159,8 +165,12 @@ class MP4Response(Response):
         await self._send(send, {"type": "http.response.body", "body": b"", "more_body": False})
         return True
 
-    def _start(self) -> Message:
-        return {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+    def _start(self, codecs: str | None = None) -> Message:
+        headers = self.raw_headers
+        if codecs is not None and not self._content_type_given:
+            typed = f'{self.media_type}; codecs="{codecs}"'.encode("latin-1")
+            headers = [(name, typed if name == b"content-type" else value) for name, value in headers]
+        return {"type": "http.response.start", "status": self.status_code, "headers": headers}
 
     @staticmethod
     def _error_response(error: Exception) -> Response:

@@ -4,7 +4,9 @@ piece by piece as decoded.
 The protocol is that of vllm-omni's endpoint of the same path, so its clients work unchanged:
 
 - client ``session.start`` (JSON; ``format`` ``"m4s"``, the default; fields the generator does not use are
-  ignored) → server ``video.start`` ``{request_id, format, config}`` once the session holds a decode slot;
+  ignored) → server ``video.start`` ``{request_id, format, config}`` once the session holds a decode slot
+  and its first piece is written, just before that piece: ``config.codecs`` is the piece's RFC 6381 codec
+  string (``avc1.64001f, mp4a.40.2``; ``av01.0.04M.08, opus``), for ``MediaSource.addSourceBuffer``;
 - per fMP4 piece, server ``video.chunk_metadata`` ``{request_id, kind: "media", transport_chunk_index,
   generation_chunk_index, num_frames, byte_length, started_event_ids, active_event_ids,
   completed_event_ids}``, then one binary frame of exactly those bytes; the binary frames, concatenated in
@@ -280,6 +282,7 @@ class _Connection:
         self.hooks = hooks
         self.request_id = f"video_stream-{uuid.uuid4().hex}"
         self.chunks = 0  # pieces sent
+        self._config: dict[str, Any] = {}  # video.start's config, sent with the first piece
         #: seconds from each interaction to the first binary frame that reflects it
         self.control_to_photon: list[float] = []
         self._send_lock = anyio.Lock()  # a metadata message and its binary frame go out together
@@ -397,14 +400,7 @@ class _Connection:
                         await admitted.start()  # queued: the listener answers pings meanwhile
                     config = {key: value for key, value in start.items() if key not in ("type", "format")}
                     config["fps"] = float(self.settings.options.fps)
-                    await self._send_json(
-                        {
-                            "type": "video.start",
-                            "request_id": self.request_id,
-                            "format": "m4s",
-                            "config": config,
-                        }
-                    )
+                    self._config = config  # video.start goes with the first piece, which names the codecs
                 except WebSocketDisconnect:
                     self._end("disconnected")
                     return
@@ -440,6 +436,12 @@ class _Connection:
     async def _send_piece(self, sent: SentPiece) -> None:
         if self.pacer is not None:
             await self.pacer.wait(sent.piece.frames)
+        if not self.chunks:
+            # The first piece holds the init segment: its codec string (avc1.64001f, av01.0.04M.08, ...) is
+            # what a client passes to MediaSource.isTypeSupported and addSourceBuffer.
+            config = {**self._config, "codecs": sent.piece.codecs}
+            start = {"type": "video.start", "request_id": self.request_id, "format": "m4s", "config": config}
+            await self._send_json(start)
         metadata = {
             "type": "video.chunk_metadata",
             "request_id": self.request_id,
