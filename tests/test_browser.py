@@ -15,7 +15,7 @@ import queue
 import shutil
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -66,20 +66,21 @@ def headless_chromium(executable: str, profile: Path) -> Iterator[str]:
         text=True,
     )
     try:
-        yield _devtools_address(process)
+        line = first_line(
+            process, lambda line: line.startswith("DevTools listening on ws://"), timeout=60, what="chromium"
+        )
+        host_port = line.split("ws://", 1)[1].split("/", 1)[0]
+        yield f"http://{host_port}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        assert process.stderr is not None
-        process.stderr.close()
+        end_process(process, grace=20)
 
 
-def _devtools_address(process: subprocess.Popen[str]) -> str:
-    """Read chromium's stderr until it says where DevTools listens (``ws://127.0.0.1:PORT/...``)."""
+def first_line(
+    process: subprocess.Popen[str], found: Callable[[str], bool], *, timeout: float, what: str
+) -> str:
+    """The first line of ``process``'s stderr that ``found`` takes (the rest is drained meanwhile, so the
+    child never blocks on a full pipe); an AssertionError if it exits first or says nothing for
+    ``timeout`` seconds (a hang guard)."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -88,16 +89,27 @@ def _devtools_address(process: subprocess.Popen[str]) -> str:
             lines.put(line)
         lines.put(None)
 
-    threading.Thread(target=pump, name="chromium-stderr", daemon=True).start()
+    threading.Thread(target=pump, name=f"{what}-stderr", daemon=True).start()
     seen: list[str] = []
     while True:
-        line = lines.get(timeout=60)
+        line = lines.get(timeout=timeout)
         if line is None:
-            raise AssertionError("chromium exited before DevTools listened:\n" + "".join(seen))
+            raise AssertionError(f"{what} exited before it was ready:\n" + "".join(seen))
         seen.append(line)
-        if line.startswith("DevTools listening on ws://"):
-            host_port = line.split("ws://", 1)[1].split("/", 1)[0]
-            return f"http://{host_port}"
+        if found(line):
+            return line
+
+
+def end_process(process: subprocess.Popen[str], *, grace: float) -> None:
+    """Terminate ``process``, kill it if it outlives ``grace`` seconds, and close its stderr pipe."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    assert process.stderr is not None
+    process.stderr.close()
 
 
 class DevTools:

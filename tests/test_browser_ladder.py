@@ -10,11 +10,9 @@ are tests/test_browser.py's.
 from __future__ import annotations
 
 import contextlib
-import queue
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +26,8 @@ from tests.test_browser import (  # noqa: F401  (chromium: the fixture)
     WAIT_FOR_END,
     WAIT_FOR_WS_PLAYBACK,
     chromium,
+    end_process,
+    first_line,
     page_at,
 )
 
@@ -56,38 +56,10 @@ def streamvae_serve(absent: tuple[str, ...]) -> Iterator[str]:
         text=True,
     )
     try:
-        _wait_until_listening(process)
+        first_line(process, lambda line: "Uvicorn running on" in line, timeout=START_GUARD, what="serve")
         yield f"http://127.0.0.1:{port}"
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        assert process.stderr is not None
-        process.stderr.close()
-
-
-def _wait_until_listening(process: subprocess.Popen[str]) -> None:
-    """Read the server's log until uvicorn says it is running (the rest is drained meanwhile)."""
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, name="serve-stderr", daemon=True).start()
-    seen: list[str] = []
-    while True:
-        line = lines.get(timeout=START_GUARD)
-        if line is None:
-            raise AssertionError("streamvae serve exited before it listened:\n" + "".join(seen))
-        seen.append(line)
-        if "Uvicorn running on" in line:
-            return
+        end_process(process, grace=30)
 
 
 @contextlib.contextmanager

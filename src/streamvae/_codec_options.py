@@ -149,25 +149,25 @@ def auto_video_codec() -> str:
 
     A session whose open of it fails (NVENC's session limit) goes on to the rungs after it.
     """
-    tried = []
-    for codec in VIDEO_LADDER:
-        failure = encode_failure(codec)
-        if failure is None:
-            return codec
-        tried.append((codec, failure))
-    raise NoEncoderError("video", tried)
+    return _first_that_encodes("video", VIDEO_LADDER)
 
 
 def audio_encoder() -> str:
     """The audio encoder every soundtrack is written with here: ``"aac"`` where it encodes, else
     ``"libopus"`` (at :data:`OPUS_SAMPLE_RATE`); :class:`NoEncoderError` naming both if neither does."""
+    return _first_that_encodes("audio", AUDIO_LADDER)
+
+
+def _first_that_encodes(kind: Literal["video", "audio"], ladder: tuple[str, ...]) -> str:
+    """The first rung of ``ladder`` whose probe encodes; :class:`NoEncoderError` naming every rung and
+    why it failed if none does."""
     tried = []
-    for codec in AUDIO_LADDER:
+    for codec in ladder:
         failure = encode_failure(codec)
         if failure is None:
             return codec
         tried.append((codec, failure))
-    raise NoEncoderError("audio", tried)
+    raise NoEncoderError(kind, tried)
 
 
 # -- a named encoder: its checks and defaults --
