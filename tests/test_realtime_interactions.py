@@ -561,3 +561,34 @@ async def test_http_realtime_carries_the_stand_ins_sound_on_the_same_path(vae: A
         assert (
             refused.status_code == 400 and "audio=1 needs realtime=1 and the app's generator" in refused.text
         )
+
+
+async def test_a_wait_in_the_queue_longer_than_the_stall_timeout_is_no_stall(
+    vae: Any, no_leaks: None
+) -> None:
+    latent = demo_latent(9, 32, 5)
+    release = anyio.Event()
+
+    async def held(start: dict[str, Any], interactions: Interactions) -> AsyncIterator[torch.Tensor]:
+        yield latent[:, :, :1]
+        yield latent[:, :, 1:2]
+        if start.get("hold"):
+            await release.wait()
+        yield latent[:, :, 2:]
+
+    app = create_app(vae=vae, generator=held, max_concurrent=1, max_queued=1, stall_timeout=1.0)
+    async with connect(app) as first:
+        await first_piece(first, {"type": "session.start", "hold": True})
+        async with connect(app) as second:
+            await second.send_json({"type": "session.start"})  # then silent, queued past the stall timeout
+            while app.state.stats.queued < 1:
+                await anyio.sleep(0.01)
+            for _ in range(3):  # the first stays alive meanwhile; the second says nothing for 1.5 s
+                await first.send_json({"type": "session.ping"})
+                assert (await receive_other(first, []))["type"] == "session.pong"
+                await anyio.sleep(0.5)
+            release.set()
+            await receive_until_done(first)
+            assert (await second.receive_json())["type"] == "video.start"
+            _, done = await receive_until_done(second)
+    assert done["type"] == "session.done" and app.state.stats.stalled == 0

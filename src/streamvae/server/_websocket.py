@@ -401,6 +401,7 @@ class _Connection:
                     config = {key: value for key, value in start.items() if key not in ("type", "format")}
                     config["fps"] = float(self.settings.options.fps)
                     self._config = config  # video.start goes with the first piece, which names the codecs
+                    self._active()  # the stall watch starts now: a wait in the queue is not a stall
                 except WebSocketDisconnect:
                     self._end("disconnected")
                     return
