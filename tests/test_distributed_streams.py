@@ -72,7 +72,7 @@ STREAMS = [
     Stream("wan21_auto_too_small_to_split", pieces=(1, 2), height=2, width=4, shard="auto", alone=True),
     Stream("wan21_pieces_differ", longer_piece=(1, 1)),
     Stream("wan21_rank_1_nan_piece", backend="trio", nan_piece=(1, 2)),
-    Stream("wan21_rank_1_cancelled", pieces=(1, 1, 1), cancel_after=(1, 0)),
+    *(Stream(f"wan21_rank_1_cancelled_{n}", pieces=(1, 1, 1), cancel_after=(1, 0)) for n in range(REPEATS)),
     Stream("wan21_owner_encoder_rejects_its_options", pieces=(1, 1, 1, 1), codec_options={"preset": "nope"}),
     # The caller's own exception leaving the block, on the output rank and on the other, a few times over
     # (a decode thread that gets to its next push first, on a loaded machine, is what these catch).
@@ -259,8 +259,9 @@ def test_a_rank_whose_piece_fails_its_check_stops_the_other_at_that_piece(
     assert owner.seconds < GLOO_TIMEOUT.total_seconds() / 2
 
 
-def test_a_rank_cancelled_mid_stream_stops_the_other(ranks: dict[str, list[RankResult]]) -> None:
-    owner, cancelled = ranks["wan21_rank_1_cancelled"]
+@pytest.mark.parametrize("n", range(REPEATS))
+def test_a_rank_cancelled_mid_stream_stops_the_other(ranks: dict[str, list[RankResult]], n: int) -> None:
+    owner, cancelled = ranks[f"wan21_rank_1_cancelled_{n}"]
     assert cancelled.cancelled and cancelled.error is None
     assert owner.error is not None and owner.error[0] == "PeerDecodeError", owner.error
     assert owner.peer_rank == 1
