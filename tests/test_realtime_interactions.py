@@ -400,18 +400,28 @@ async def test_the_app_counts_each_sessions_true_outcome_once(vae: Any, no_leaks
     assert summary.control_to_photon()["interactions"] == 1
 
 
+class HeldOnRequest:
+    """A generator of 3 latent steps; a session whose start says ``"hold": true`` holds after the first two
+    (its first piece is out) until :attr:`release` is set, keeping its decode slot."""
+
+    def __init__(self) -> None:
+        self.latent = demo_latent(9, 32, 5)
+        self.release = anyio.Event()
+
+    async def __call__(
+        self, start: dict[str, Any], interactions: Interactions
+    ) -> AsyncIterator[torch.Tensor]:
+        yield self.latent[:, :, :1]
+        yield self.latent[:, :, 1:2]
+        if start.get("hold"):
+            await self.release.wait()
+        yield self.latent[:, :, 2:]
+
+
 async def test_a_queued_websocket_client_is_accepted_and_answered_while_it_waits(
     vae: Any, no_leaks: None
 ) -> None:
-    latent = demo_latent(9, 32, 5)
-    release = anyio.Event()
-
-    async def held(start: dict[str, Any], interactions: Interactions) -> AsyncIterator[torch.Tensor]:
-        yield latent[:, :, :1]
-        yield latent[:, :, 1:2]
-        if start.get("hold"):
-            await release.wait()
-        yield latent[:, :, 2:]
+    held = HeldOnRequest()
 
     app = create_app(vae=vae, generator=held, max_concurrent=1, max_queued=1)
     async with connect(app) as first:
@@ -421,7 +431,7 @@ async def test_a_queued_websocket_client_is_accepted_and_answered_while_it_waits
             await second.send_json({"type": "session.ping"})
             assert await second.receive_json() == {"type": "session.pong"}  # no video.start: still queued
             assert (app.state.stats.active, app.state.stats.queued) == (1, 1)
-            release.set()
+            held.release.set()
             await receive_until_done(first)
             assert (await second.receive_json())["type"] == "video.start"
             pieces, done = await receive_until_done(second)
@@ -566,15 +576,7 @@ async def test_http_realtime_carries_the_stand_ins_sound_on_the_same_path(vae: A
 async def test_a_wait_in_the_queue_longer_than_the_stall_timeout_is_no_stall(
     vae: Any, no_leaks: None
 ) -> None:
-    latent = demo_latent(9, 32, 5)
-    release = anyio.Event()
-
-    async def held(start: dict[str, Any], interactions: Interactions) -> AsyncIterator[torch.Tensor]:
-        yield latent[:, :, :1]
-        yield latent[:, :, 1:2]
-        if start.get("hold"):
-            await release.wait()
-        yield latent[:, :, 2:]
+    held = HeldOnRequest()
 
     app = create_app(vae=vae, generator=held, max_concurrent=1, max_queued=1, stall_timeout=1.0)
     async with connect(app) as first:
@@ -587,7 +589,7 @@ async def test_a_wait_in_the_queue_longer_than_the_stall_timeout_is_no_stall(
                 await first.send_json({"type": "session.ping"})
                 assert (await receive_other(first, []))["type"] == "session.pong"
                 await anyio.sleep(0.5)
-            release.set()
+            held.release.set()
             await receive_until_done(first)
             assert (await second.receive_json())["type"] == "video.start"
             _, done = await receive_until_done(second)
