@@ -652,7 +652,7 @@ def test_ctrl_c_while_decoding_is_one_line_exit_130_and_leaves_the_earlier_file(
         deadline = time.monotonic() + 300  # a hang guard only
         # The child's only sign of progress is its file: poll for it (there is nothing to wait on).
         while not (part.exists() and part.stat().st_size > 0):
-            assert process.poll() is None, process.communicate()
+            assert process.poll() is None, process.communicate(timeout=60)  # a pipe held open: fails
             assert time.monotonic() < deadline, "the decode never wrote its first fragment"
             time.sleep(0.02)
         process.send_signal(signal.SIGINT)
@@ -660,7 +660,10 @@ def test_ctrl_c_while_decoding_is_one_line_exit_130_and_leaves_the_earlier_file(
     finally:
         if process.poll() is None:
             process.kill()
-            process.communicate()
+            process.wait(timeout=60)  # not communicate(): a grandchild holding its pipes would hang it
+        for pipe in (process.stdout, process.stderr):
+            assert pipe is not None
+            pipe.close()
     assert process.returncode == 130, err[-4000:]
     assert err == "streamvae: interrupted\n" and out == ""
     assert os.listdir(tmp_path) == ["x.mp4"]  # no .part left

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from streamvae import decode_to_mp4, quantize_chunk
+from streamvae import ChunkedVideoMP4Session, MP4ByteStream, decode_to_mp4, quantize_chunk
 from streamvae.distributed import (
     PeerDecodeError,
     ShardedDecodeStats,
@@ -99,6 +99,9 @@ class Scenario:
     # The agreement runs over a gloo group of its own, as under NCCL (here the decode group is gloo too).
     own_agreement_group: bool = False
     consumer_stalls_at: int | None = None  # the owner's on_chunk stalls at this chunk until a peer gave up
+    # the owner's reader of entry 0 closes its byte stream, unread, once this chunk is in the session: the
+    # last chunk's index makes the session fail at its end, after the decode's last step and agreement
+    reader_closes_at: int | None = None
 
     @property
     def stalled_rank(self) -> int | None:
@@ -138,6 +141,7 @@ TWO_RANKS = [
     Scenario("wan22_caller_cancelled_at_1", "wan22", 4, 8, 8, backend="trio", cancel_at=1),
     Scenario("wan21_x264_rejects_its_options", "wan21", 4, 8, 8, codec_options={"preset": "no-such-preset"}),
     Scenario("wan21_nan_latent", "wan21", 3, 8, 8, backend="trio", nan_latent=True),
+    Scenario("wan21_reader_closes_at_last", "wan21", 3, 8, 8, backend="trio", reader_closes_at=2),
     Scenario(
         "wan22_own_agreement_group", "wan22", 3, 8, 8, output_rank=1, exact=True, own_agreement_group=True
     ),
@@ -199,6 +203,10 @@ class Recorder:
         self.latent_channels = decoder.latent_channels
         self.is_output_rank = decoder.is_output_rank
         self._scope: anyio.CancelScope | None = None
+        self._reader: MP4ByteStream | None = None
+
+    def settle(self, failure: BaseException | None) -> None:
+        self.decoder.settle(failure)  # how the owner's session ended reaches the peers
 
     def prepare_latents(self, z: Tensor) -> Tensor:
         return self.decoder.prepare_latents(z)
@@ -219,6 +227,9 @@ class Recorder:
                 assert self.gave_up is not None
                 self.gave_up.wait(STALL_SECONDS)
             on_chunk(chunk)
+            if index == self.scenario.reader_closes_at:
+                assert self._reader is not None
+                anyio.from_thread.run(self._reader.aclose)
 
         self.decoder.decode_with_chunks(z, on_chunk=recording)
 
@@ -232,9 +243,19 @@ class Recorder:
         self.plain_decode = torch.cat(chunks, dim=2)
 
     async def run(self) -> list[bytes] | None:
+        def open_reader(session: ChunkedVideoMP4Session) -> None:
+            self._reader = session.open_stream(0, max_buffered=64)  # never read: it never waits
+
+        closes = self.scenario.reader_closes_at is not None and self.is_output_rank
         with anyio.CancelScope() as scope:
             self._scope = scope
-            return await decode_to_mp4(self, self.z, fps=8, video_codec_options=self.scenario.codec_options)
+            return await decode_to_mp4(
+                self,
+                self.z,
+                fps=8,
+                video_codec_options=self.scenario.codec_options,
+                on_session=open_reader if closes else None,
+            )
         return None
 
 
@@ -404,6 +425,7 @@ COMPLETE = [
     and s.codec_options == CODEC
     and s.peer_fault is None
     and s.consumer_stalls_at is None
+    and s.reader_closes_at is None
     and not s.nan_latent
 ]
 
@@ -509,6 +531,21 @@ def test_an_encoder_error_reaches_the_owner_caller_and_every_peer_stops(
         assert rank.error is not None and rank.error[0] == "PeerDecodeError"
         assert "ArgumentError" in rank.error[1]
         assert rank.peer_chunk == stopped_at == rank.stats["stopped_at"]
+
+
+def test_an_owner_whose_session_fails_after_the_last_step_stops_every_peer(
+    request: pytest.FixtureRequest,
+) -> None:
+    scenario, ranks = results_of(request, "wan21_reader_closes_at_last")
+    owner = owner_of(scenario, ranks)
+    closed = "the reader of entry 0's stream closed it before the MP4 was complete"
+    assert owner.error == ("SessionClosedError", closed), owner.error
+    assert owner.published == 3 and owner.stats["stopped_at"] is None  # every step ran and was agreed
+    for rank in others_of(scenario, ranks):
+        # Told once the owner's session has ended, instead of returning [] as if the video were whole.
+        assert rank.error is not None and rank.error[0] == "PeerDecodeError", rank.error
+        assert f"after the decode's last chunk (3 chunks): SessionClosedError: {closed}" in rank.error[1]
+        assert rank.peer_chunk == 3 and rank.stats["collectives"] == owner.stats["collectives"]
 
 
 @pytest.mark.parametrize("name", [s.name for _, s in SCENARIOS.values() if s.cancel_at is not None])

@@ -59,6 +59,12 @@ class Stream:
     cancel_after: tuple[int, int] | None = None  # (rank, piece): that rank's block is cancelled after it
     raise_after: tuple[int, int] | None = None  # (rank, piece): that rank's own code raises after it
     stall_before: tuple[int, int] | None = None  # (rank, piece): that rank waits for its peer to give up
+    # the output rank's reader of entry 0 (fragmented) closes its byte stream after this piece, unread:
+    # the last piece's index closes it between the last push and finish()
+    reader_closes_after: int | None = None
+    # every rank has a live audio track; the output rank's lasts less than its video, which its finish()
+    # finds after every step was agreed
+    short_audio: bool = False
     group_timeout: float | None = None  # stream over a new group with this timeout (seconds)
     alone: bool = False  # auto decides not to shard: the output rank decodes, the others follow
 
@@ -73,6 +79,18 @@ STREAMS = [
     Stream("wan21_pieces_differ", longer_piece=(1, 1)),
     Stream("wan21_rank_1_nan_piece", backend="trio", nan_piece=(1, 2)),
     *(Stream(f"wan21_rank_1_cancelled_{n}", pieces=(1, 1, 1), cancel_after=(1, 0)) for n in range(REPEATS)),
+    *(
+        Stream(f"wan21_owner_cancelled_{n}", pieces=(1, 1, 1), cancel_after=(0, 1), backend="trio")
+        for n in range(REPEATS)
+    ),
+    # The output rank's reader goes away: mid-stream (a later push fails, or finish(), as the encoder's
+    # timing has it), and after the last step, where only the output rank's finish() can know.
+    *(
+        Stream(f"wan21_owner_reader_closes_{when}_{n}", pieces=(1, 1, 1, 1), reader_closes_after=after)
+        for when, after in (("mid_stream", 1), ("before_finish", 3))
+        for n in range(REPEATS)
+    ),
+    Stream("wan21_owner_audio_too_short", pieces=(1, 1), short_audio=True),
     Stream("wan21_owner_encoder_rejects_its_options", pieces=(1, 1, 1, 1), codec_options={"preset": "nope"}),
     # The caller's own exception leaving the block, on the output rank and on the other, a few times over
     # (a decode thread that gets to its next push first, on a loaded machine, is what these catch).
@@ -123,15 +141,26 @@ def _run_stream(stream: Stream, rank: int, gave_up: Event | None) -> RankResult:
     decoder = sharded_decoder(vae, shard=stream.shard, group=group, output_rank=stream.output_rank)  # type: ignore[arg-type]
     pieces = pieces_of(stream, rank)
 
+    closes_reader = stream.reader_closes_after is not None and rank == stream.output_rank
+    audio: dict[str, Any] = {"audio_channels": 1, "audio_sample_rate": 8000} if stream.short_audio else {}
+    kwargs: dict[str, Any] = {"output": "fragmented" if closes_reader else "mp4", **audio}
+
     async def run() -> list[bytes] | None:
         with anyio.CancelScope() as scope:
-            async with open_latent_stream(decoder, fps=8, video_codec_options=stream.codec_options) as opened:
+            async with open_latent_stream(
+                decoder, fps=8, video_codec_options=stream.codec_options, **kwargs
+            ) as opened:
+                reader = opened.open_stream(0, max_buffered=64) if closes_reader else None  # never waits
+                if stream.short_audio and rank == stream.output_rank:
+                    opened.push_audio(np.zeros(80, dtype=np.float32))  # 0.01 s, of a 0.625 s video
                 for index, piece in enumerate(pieces):
                     if stream.stall_before == (rank, index):
                         # Stops pushing for longer than the timeout: until the peer has raised.
                         assert gave_up is not None
                         await anyio.to_thread.run_sync(gave_up.wait, STALL_SECONDS)
                     await opened.push_latents(piece)
+                    if reader is not None and index == stream.reader_closes_after:
+                        await reader.aclose()
                     if stream.raise_after == (rank, index):
                         raise RuntimeError(f"rank {rank}'s own code failed after piece {index}")
                     if stream.cancel_after == (rank, index):
@@ -265,7 +294,49 @@ def test_a_rank_cancelled_mid_stream_stops_the_other(ranks: dict[str, list[RankR
     assert cancelled.cancelled and cancelled.error is None
     assert owner.error is not None and owner.error[0] == "PeerDecodeError", owner.error
     assert owner.peer_rank == 1
+    assert "CancelledError: cancelled" in owner.error[1], owner.error  # asyncio's, named
     assert owner.seconds < GLOO_TIMEOUT.total_seconds() / 2
+
+
+@pytest.mark.parametrize("n", range(REPEATS))
+def test_an_output_rank_cancelled_mid_stream_names_its_cancellation_to_the_other(
+    ranks: dict[str, list[RankResult]], n: int
+) -> None:
+    owner, peer = ranks[f"wan21_owner_cancelled_{n}"]
+    assert owner.cancelled and owner.error is None
+    assert peer.error is not None and peer.error[0] == "PeerDecodeError", peer.error
+    assert peer.peer_rank == 0
+    assert "Cancelled: cancelled" in peer.error[1], peer.error  # trio's, named
+    assert peer.seconds < GLOO_TIMEOUT.total_seconds() / 2
+
+
+def test_an_output_rank_that_fails_after_the_last_step_names_that_to_the_other(
+    ranks: dict[str, list[RankResult]],
+) -> None:
+    owner, peer = ranks["wan21_owner_audio_too_short"]
+    assert owner.error is not None and owner.error[0] == "ValueError", owner.error
+    assert "the live audio does not last as long as the video" in owner.error[1]
+    assert owner.stats["stopped_at"] is None  # every step ran and was agreed: finish() found it
+    # Told once the owner's session has ended, instead of an empty list as if the video were whole.
+    assert peer.error is not None and peer.error[0] == "PeerDecodeError", peer.error
+    assert "after the decode's last chunk (2 chunks): ValueError: " in peer.error[1], peer.error
+    assert "the live audio does not last as long as the video" in peer.error[1]
+    assert peer.stats["collectives"] == owner.stats["collectives"]
+
+
+@pytest.mark.parametrize("n", range(REPEATS))
+@pytest.mark.parametrize("when", ["mid_stream", "before_finish"])
+def test_an_output_rank_whose_reader_closed_its_stream_names_that_to_the_other(
+    ranks: dict[str, list[RankResult]], when: str, n: int
+) -> None:
+    owner, peer = ranks[f"wan21_owner_reader_closes_{when}_{n}"]
+    closed = "the reader of entry 0's stream closed it before the MP4 was complete"
+    assert owner.error == ("SessionClosedError", closed), owner.error  # the first cause, nothing after it
+    # Never an empty list, as if the video were whole: the peer is told, whichever step the owner knew at.
+    assert peer.error is not None and peer.error[0] == "PeerDecodeError", peer.error
+    assert f"SessionClosedError: {closed}" in peer.error[1], peer.error
+    assert peer.stats["collectives"] == owner.stats["collectives"]  # the same agreements, nothing left over
+    assert peer.seconds < GLOO_TIMEOUT.total_seconds() / 2
 
 
 @pytest.mark.parametrize("n", range(REPEATS))

@@ -17,7 +17,13 @@ import anyio
 from torch import Tensor
 
 from streamvae._checks import check_callable, check_int, check_limiter
-from streamvae._decode_worker import chunk_bridge, decode_limiter_or_own, run_decode, run_decode_worker
+from streamvae._decode_worker import (
+    chunk_bridge,
+    decode_limiter_or_own,
+    outcome_told,
+    run_decode,
+    run_decode_worker,
+)
 from streamvae._options import SessionKeywords, SessionOptions, resolve_options
 from streamvae._public import public
 from streamvae._session import ChunkedVideoMP4Session
@@ -59,7 +65,7 @@ async def decode_to_mp4(
     instead runs every remaining step: the wait is then bounded by the remaining decode), plus the process
     group's timeout if a peer died. The decode thread is never abandoned. Ranks that do not own the output
     decode and return ``[]``, or raise :class:`streamvae.distributed.PeerDecodeError` when the output rank
-    stopped the decode.
+    stopped the decode, or its session failed after the last step (they return once it has ended).
     """
     owner = "decode_to_mp4"
     decoder = as_decoder(vae, owner=owner)
@@ -72,12 +78,14 @@ async def decode_to_mp4(
         # Output files are the output rank's (their directory may exist on its machine only).
         keywords = {name: value for name, value in session_options.items() if name != "output_files"}
         resolve_options(owner, options, keywords, **_defaults(decoder))
-        await run_decode_worker(_decode_without_output, decoder, z, limiter=limiter)
+        async with outcome_told(decoder):  # the output rank may still fail after the last step
+            await run_decode_worker(_decode_without_output, decoder, z, limiter=limiter)
         return []
     checked = resolve_options(owner, options, session_options, **_defaults(decoder))
     checked.check_batch(z.shape[0], owner=owner)
     _check_live_audio(checked, on_session, owner)
-    async with ChunkedVideoMP4Session(options=checked) as session:
+    # Told after the session, whatever ended it: its failure after the decode's last step reaches the peers.
+    async with outcome_told(decoder), ChunkedVideoMP4Session(options=checked) as session:
         if on_session is not None:
             on_session(session)
         await run_decode_worker(run_decode, decoder, z, chunk_bridge(session, owner), owner, limiter=limiter)
@@ -158,7 +166,10 @@ async def _streamed(
             await run_decode_worker(run_decode, decoder, z, on_chunk, owner, limiter=limiter)
             await session.finish()
 
-    async with session:
+    # The peers hear how the session ended (what leaves it: a reader that closed its stream mid-video, an
+    # encoder's error at the end) once it has: not in decode(), which the block's end cancels once its
+    # streams are read, a success.
+    async with outcome_told(decoder), session:
         if on_session is not None:
             on_session(session)
         # The decode is the session's producer: its error reaches the streams and the block unwrapped.

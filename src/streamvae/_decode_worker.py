@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
 import torch
 from torch import Tensor
+
+from streamvae._errors import DecodeAbandoned
 
 if TYPE_CHECKING:
     from streamvae._session import ChunkedVideoMP4Session
@@ -43,15 +45,12 @@ __all__ = [
     "chunk_bridge",
     "decode_limiter_or_own",
     "decode_stream",
+    "outcome_told",
     "run_decode",
     "run_decode_worker",
 ]
 
 _T = TypeVar("_T")
-
-
-class DecodeAbandoned(Exception):
-    """Raised in the decode worker when its caller was cancelled, so the decode stops publishing."""
 
 
 # -- the worker's thread --
@@ -69,6 +68,29 @@ async def run_decode_worker(func: Callable[..., None], *args: Any, limiter: anyi
     except BaseException:
         await anyio.lowlevel.checkpoint_if_cancelled()
         raise
+
+
+@contextlib.asynccontextmanager
+async def outcome_told(decoder: ChunkedDecoder) -> AsyncIterator[None]:
+    """Around a decode and the end of its session: then tell the decoder how the output's end went.
+
+    What leaves the block (None: nothing) is passed to :meth:`streamvae.models.ChunkedDecoder.settle`, in
+    a worker thread shielded from cancellation (a distributed decoder's wait is bounded by its collective
+    timeout): a sharded decode's peers hear of an output rank that failed after the decode's last step.
+    Where the block fails already, that failure stays the one raised; what telling the peers raised is
+    noted on it.
+    """
+    try:
+        yield
+    except BaseException as failure:
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(decoder.settle, failure)
+            except Exception as also:
+                failure.add_note(f"streamvae: telling the peers how the output ended failed too: {also}")
+        raise
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(decoder.settle, None)
 
 
 def decode_limiter_or_own(limiter: anyio.CapacityLimiter | None) -> anyio.CapacityLimiter:

@@ -8,12 +8,15 @@ handlers. Each also derives from the built-in base that says what kind of condit
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 
 from streamvae._public import public
 
 __all__ = [
     "STREAM_ENDED",
+    "DecodeAbandoned",
     "RingAbortedError",
     "SessionClosedError",
     "StreamVAEError",
@@ -24,16 +27,32 @@ __all__ = [
 
 def describe_first_cause(error: BaseException) -> str:
     """``"Type: message"`` of what started ``error``: a :class:`SessionClosedError` raised because its
-    session was closed by another error (the caller's own exception leaving the block, a cancellation)
-    names that error, never itself — the secondary error is not the one to report."""
-    while isinstance(error, SessionClosedError) and error.__cause__ is not None:
+    session was closed by another error (the caller's own exception leaving the block, a cancellation), or
+    a decode abandoned because its caller was cancelled, names that error, never itself — the secondary
+    error is not the one to report."""
+    while isinstance(error, SessionClosedError | DecodeAbandoned) and error.__cause__ is not None:
         error = error.__cause__
+    if _is_cancellation(error):  # trio's says nothing, asyncio's a cancel scope's id: say what it was
+        return f"{type(error).__name__}: cancelled"
     return f"{type(error).__name__}: {error}"
+
+
+def _is_cancellation(error: BaseException) -> bool:
+    """Whether ``error`` is asyncio's or trio's cancellation (read off a worker thread: no backend call)."""
+    if isinstance(error, asyncio.CancelledError):
+        return True
+    cls = type(error)
+    return cls.__module__.split(".")[0] == "trio" and cls.__name__ == "Cancelled"
 
 
 #: What a memory-object stream raises once its other end is gone: a neighbouring stage (or a reader, or
 #: the producer) ended first. Whatever made it end is recorded where it happened, or was no failure at all.
 STREAM_ENDED = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream)
+
+
+class DecodeAbandoned(Exception):
+    """Raised in the decode worker when its caller was cancelled, so the decode stops publishing (chained
+    to the cancellation: ``__cause__``)."""
 
 
 @public

@@ -29,6 +29,7 @@ from streamvae._decode_worker import (
     chunk_bridge,
     decode_limiter_or_own,
     decode_stream,
+    outcome_told,
     run_decode_worker,
 )
 from streamvae._errors import SessionClosedError, describe_first_cause
@@ -111,7 +112,9 @@ async def _opened(
 ) -> AsyncIterator[LatentStream]:
     """The block of :func:`open_latent_stream`, over the arguments it checked."""
     limiter = decode_limiter_or_own(decode_limiter)  # made on the loop
-    async with ChunkedVideoMP4Session(options=checked) as session:
+    # Told once the session has ended, if finish() did not: a stream that ended on every rank and whose
+    # output then failed (the block left while finish() waited) still reaches the peers.
+    async with outcome_told(decoder), ChunkedVideoMP4Session(options=checked) as session:
         stream = LatentStream(decoder, session, limiter)
         try:
             yield stream
@@ -238,11 +241,14 @@ class LatentStream:
         if self._started:
             await self._done.wait()
         self._raise_if_failed()
-        if not self.decoder.is_output_rank:  # a distributed decode's other ranks publish nothing
-            self.session.abort()
-            self._phase = "finished"
-            return []
-        videos = await self.session.finish()
+        # The ranks agreed after each step; the output rank's session may still fail at its end (a reader
+        # that closed its stream, the encoder, the file): its peers hear how it ended before they return.
+        async with outcome_told(self.decoder):
+            if not self.decoder.is_output_rank:  # a distributed decode's other ranks publish nothing
+                self.session.abort()
+                self._phase = "finished"
+                return []
+            videos = await self.session.finish()
         self._phase = "finished"
         return videos
 

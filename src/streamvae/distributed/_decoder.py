@@ -209,6 +209,9 @@ class ShardedDecoder(ChunkedDecoder):
         self._output_global_rank = global_rank(group, output_rank)
         self._axes = self._shardable_axes(vae.decoder)
         self._turn = _Turn(owner)
+        # A decode or stream that ended on every rank, whose output's end is not told yet (settle): how
+        # many chunks it published. None: nothing to tell.
+        self._untold: int | None = None
         install_hooks(vae.decoder)
         # Last: under NCCL it may be a rendezvous, which a decoder refused above must not leave half done.
         self._agreement_group = agreement_group(group, self.collective_timeout)
@@ -291,6 +294,7 @@ class ShardedDecoder(ChunkedDecoder):
     def _latent_steps(self, z: Tensor) -> _Steps:
         """The steps of a whole latent's decode, with the turn held from the first to the last."""
         with self._turn.held():
+            self._settle_untold()
             self.stats = stats = ShardedDecodeStats()
             self._check_untiled(z.shape[-2], z.shape[-1])
             layout = self._plan(z.shape[-2], z.shape[-1])
@@ -303,7 +307,7 @@ class ShardedDecoder(ChunkedDecoder):
                 elif self.is_output_rank:
                     steps = self.family.iter_chunks(z)
             try:
-                verdict, _ = yield from self._walk(
+                verdict, chunks = yield from self._walk(
                     steps, layout, comm, agreement, stats, z.device, first_chunk=0
                 )
             finally:
@@ -311,6 +315,8 @@ class ShardedDecoder(ChunkedDecoder):
                     steps.close()  # frees the decoder caches now
             stats.latent_frames += z.shape[2]
             self._raise_if_a_peer_stopped(verdict)
+            if verdict is None:
+                self._untold = chunks
 
     # -- the steps --
 
@@ -444,6 +450,43 @@ class ShardedDecoder(ChunkedDecoder):
             return said, None
         return said, _Verdict(chunk=index, error=text, own=failure is not None)
 
+    # -- after the decode --
+
+    def settle(self, failure: BaseException | None) -> None:
+        """Tell every rank how the output's end went, after a decode or stream that ended on every rank.
+
+        The ranks agree after every step, but the output rank's session can still fail after the last one:
+        its reader closed the stream, the encoder or the output file failed at the end. So once the
+        session has ended, every rank calls this (:func:`streamvae.decode_to_mp4`,
+        :func:`streamvae.stream_mp4` and :func:`streamvae.open_latent_stream` do): the output rank says
+        ``failure`` (None: the output is whole), and the others raise :class:`PeerDecodeError` naming it,
+        unless they are failing with their own error (``failure``), which stays theirs. It does nothing
+        where the decode did not end on every rank (the ranks stopped together and know why). A caller
+        that never calls it (the decode's own methods, driven on every rank) is settled, as going on, at
+        the next decode's start. Bounded by ``collective_timeout``.
+        """
+        if self._untold is None:
+            return
+        with self._turn.held():
+            self._settle_untold(failure)
+
+    def _settle_untold(self, failure: BaseException | None = None) -> None:
+        chunks, self._untold = self._untold, None
+        if chunks is None:
+            return
+        _, agreement = self._collectives(torch.device("cpu"), self.stats)
+        word, error = Word.GO_ON, ""
+        if self.is_output_rank and failure is not None:
+            word, error = Word.FAILED, _what_stopped(failure)
+        said, text = agreement.word(self._output_global_rank, word, error, chunk=chunks)
+        if said == Word.FAILED and failure is None:
+            raise PeerDecodeError(
+                f"output rank {self.output_rank} failed to finish the output after the decode's last "
+                f"chunk ({chunks} chunks): {text}",
+                chunk=chunks,
+                output_error=text,
+            )
+
     def _raise_if_a_peer_stopped(self, verdict: _Verdict | None) -> None:
         if verdict is not None and not verdict.own:
             raise _peer_error(verdict, self.output_rank)
@@ -545,6 +588,7 @@ class ShardedWanDecoder(ShardedDecoder):
         """
         self._turn.take()
         try:
+            self._settle_untold()
             self._check_untiled(height, width)
             layout = self._plan(height, width)
             inner = None
@@ -655,7 +699,8 @@ class ShardedWanDecoder(ShardedDecoder):
             with _on_device(device):
                 self._agree_on(state, agreement, Next.FINISH, None)
                 steps = None if state.inner is None else self.family.end(state.inner)
-            yield from self._walk_piece(state, steps, comm, agreement)  # what the family held back
+            if (yield from self._walk_piece(state, steps, comm, agreement)):  # what the family held back
+                self._untold = state.chunks
         finally:
             self._close(state)
 

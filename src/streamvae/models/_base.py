@@ -267,6 +267,20 @@ class ChunkedDecoder:
         if close is not None:
             close()
 
+    # After a decode
+
+    def settle(self, failure: BaseException | None) -> None:
+        """Say how the output's end went, after a decode or stream whose every step ended on every rank.
+
+        ``failure`` is what finishing the output raised (None: it finished), on the output rank; the other
+        ranks pass what they are failing with, if anything. A distributed decoder's output rank tells its
+        peers, which raise :class:`streamvae.distributed.PeerDecodeError` naming that failure (a reader
+        that closed its stream, an encoder or file error at the end): they would otherwise return as if
+        the output were whole. Call it on every rank, after the session ends; :func:`streamvae.decode_to_mp4`,
+        :func:`streamvae.stream_mp4` and :func:`streamvae.open_latent_stream` do. One process has no one to
+        tell: the base does nothing.
+        """
+
     def piece_chunks(self, state: DecodeState, z: Tensor) -> Generator[Tensor, None, None]:
         """What a piece-taking family writes (with :meth:`start`): yield the chunks piece ``z`` makes final,
         counting ``state.decoded`` as its latent frames are decoded. Called by :meth:`feed`, without autograd.
@@ -320,7 +334,8 @@ class ProtocolDecoder(ChunkedDecoder):
     """The base's surface for a decoder that implements only :class:`streamvae.SupportsChunkedVAEDecode`.
 
     Its optional attributes are used when present (``latent_channels``, ``is_output_rank``,
-    ``prepare_latents``), else the defaults: any channel count, the output rank, a latent used as it is.
+    ``prepare_latents``, ``settle``), else the defaults: any channel count, the output rank, a latent used as
+    it is, no one to tell how the output ended.
     Latent checks run before the wrapped decoder sees ``z``. It cannot be stepped: :meth:`iter_chunks` and
     :meth:`start` raise TypeError.
     """
@@ -349,6 +364,12 @@ class ProtocolDecoder(ChunkedDecoder):
         """Check ``z``, then let the wrapped decoder decode it (the failure rule is its own)."""
         self.check_latents(z)
         self.decoder.decode_with_chunks(z, on_chunk=on_chunk)
+
+    def settle(self, failure: BaseException | None) -> None:
+        """The wrapped decoder's ``settle``, if it has one (a wrapper around a sharded decoder)."""
+        settle: Callable[[BaseException | None], None] | None = getattr(self.decoder, "settle", None)
+        if settle is not None:
+            settle(failure)
 
     def iter_chunks(self, z: Tensor) -> Generator[Tensor, None, None]:
         raise TypeError(
