@@ -2,22 +2,22 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench docs serve-docs clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: an unpinned torch (or a dependency's range) pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,serve]'
+	$(PY) -m pip install --quiet -e '.[dev,serve,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/streamvae demo -o demo.mp4
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench examples
-	$(VENV)/bin/ruff format --check src tests bench examples
+	$(VENV)/bin/ruff check src tests bench examples docs/*.py
+	$(VENV)/bin/ruff format --check src tests bench examples docs/*.py
 	$(VENV)/bin/mypy src
 
 test: lint
@@ -36,5 +36,14 @@ bench: $(STAMP)
 	$(PY) bench/interactions.py
 	$(PY) bench/soak.py
 
+# The site: every page and every public name's reference, warnings as errors; -n (nitpicky): a reference
+# or a link that does not resolve fails. docs/screenshots.py takes the pictures of it (docs/screenshots/).
+docs: $(STAMP)
+	rm -rf docs/_build/html
+	$(VENV)/bin/sphinx-build -W --keep-going -n -q -b html docs docs/_build/html
+
+serve-docs: docs
+	$(PY) -m http.server 8000 --bind 127.0.0.1 --directory docs/_build/html
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info
+	rm -rf $(VENV) build dist src/*.egg-info docs/_build

@@ -109,7 +109,8 @@ class SessionOptions:
       temporary ``<name>.part`` beside it and replaced only when complete (a failure removes only the
       temporary file); a device or FIFO is written directly. Unwritable paths raise here, before any work.
     - ``queue_depth``: items each inter-stage stream holds before its sender waits.
-    - ``record_timeline``: keep a :class:`StageSpan` per piece of stage work in :attr:`timeline`.
+    - ``record_timeline``: keep a :class:`StageSpan` per piece of stage work in the session's
+      :attr:`~ChunkedVideoMP4Session.timeline`.
     - ``nonfinite``: what a NaN in a chunk does. ``"error"`` (the default) fails the session with a
       ValueError naming the frames: NaN is a broken decode (typically a float16 overflow in the VAE) that
       would otherwise encode as black or green pixels. ``"ignore"`` encodes it anyway. ±inf is never an

@@ -46,9 +46,12 @@ class SupportsChunkedVAEDecode(Protocol):
     implementation with :func:`streamvae.testing.check_chunked_decoder`.
     """
 
-    chunk_value_range: ValueRange  # (low, high), or a PerChannelRange for normalized pixels
+    #: the range of the chunks' values: (low, high), or a PerChannelRange for normalized pixels
+    chunk_value_range: ValueRange
 
-    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None: ...
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        """Decode latent ``z`` (BCTHW), calling ``on_chunk`` with each final chunk in order, under the
+        failure rule above; return once the decode has ended."""
 
 
 @public

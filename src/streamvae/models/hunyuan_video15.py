@@ -23,7 +23,7 @@ moment it ends, and leave as one chunk. With spatial tiling, every tile walks th
 caches, and each step's tiles are blended as ``tiled_decode`` blends them (the blend is elementwise per
 frame).
 
-The caches live in the walk of one decode (:class:`_CausalWalk`), never on the VAE's modules: the walk calls
+The caches live in the walk of one decode (``_CausalWalk``), never on the VAE's modules: the walk calls
 the decoder's submodules itself and reads only their weights and settings.
 """
 
@@ -57,7 +57,7 @@ class HunyuanVideo15ChunkedDecoder(ChunkedDecoder):
     (module docstring). Step by step is not operation for operation: a convolution over a few frames may
     round differently from the same one over the whole clip, so the concatenated chunks are not always
     ``torch.equal`` to ``vae.decode(z).sample``. Measured on CPU (tiny random VAEs, 1 to 9 latent frames,
-    with and without spatial tiling and batches): max |Δ| 5e-6 in float32, where values span about ±3 and
+    with and without spatial tiling and batches): max ``|Δ|`` 5e-6 in float32, where values span about ±3 and
     one uint8 level is 2/255 ≈ 7.8e-3; ``torch.equal`` in bfloat16 and float16, and for a single latent
     frame. On CUDA the convolutions' algorithms may differ by frame count too (not measured here). The same
     ``use_tiling`` (``tile_latent_min_height`` / ``_width``, ``tile_overlap_factor``) and ``use_slicing``

@@ -8,7 +8,7 @@ temporal upsampler remembers that the first call is past; nothing in a later cal
 call's frames, so each call's frames are final when it returns and are published right away.
 
 Those caches live in the modules, where ``vae.decode`` leaves them between calls and clears them at its end.
-Here each walk holds its own caches (:class:`_Caches`): it puts them into the modules for one decoder call
+Here each walk holds its own caches (``_Caches``): it puts them into the modules for one decoder call
 and takes them out again right after, so between steps, after a decode stopped early and after a failure
 inside a call, the modules hold no cache and ``vae.decode`` is unaffected. This touch of the modules' state
 is this module's only reach into diffusers' internals.

@@ -22,9 +22,9 @@ diffusers internals used (all of ``AutoencoderKLMiniMaxH3``, checked when the ad
   ``_stitch_tiles`` and ``use_tiling`` stay diffusers' own). Called, not copied, so it cannot drift.
 - ``_blend(a, b, extent, dim)``: the cross-fade of a tail into the next head. Called for the same reason.
 - The pad-frame arithmetic at the end of ``_decode`` (a clip's last latent frame gives
-  ``clip_length % temporal_compression_ratio`` pixel frames) is repeated in :meth:`output_frames`, because
-  the walk must know where the video ends before it gets there; tests compare it with ``vae.decode`` for
-  every latent length up to several clips.
+  ``clip_length % temporal_compression_ratio`` pixel frames) is repeated in
+  :meth:`MiniMaxH3ChunkedDecoder.output_frames`, because the walk must know where the video ends before
+  it gets there; tests compare it with ``vae.decode`` for every latent length up to several clips.
 """
 
 from __future__ import annotations

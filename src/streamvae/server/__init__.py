@@ -32,7 +32,7 @@ from streamvae.server._realtime import (
     RealtimePiece,
     demo_generator,
 )
-from streamvae.server._response import MP4Response
+from streamvae.server._response import MP4Response, ReaderStalledError
 from streamvae.server._serve import serve
 from streamvae.server._websocket import LatentGenerator, realtime_video_endpoint
 
@@ -43,6 +43,7 @@ __all__ = [
     "MP4Response",
     "MediaTimePacer",
     "PacerStatistics",
+    "ReaderStalledError",
     "RealtimeGenerator",
     "RealtimePiece",
     "ServerEvent",

@@ -38,7 +38,12 @@ logger = logging.getLogger("streamvae.server")
 
 
 class ReaderStalledError(StreamVAEError, TimeoutError):
-    """The reader accepted nothing for ``stall_timeout`` seconds; raised into the block to end the decode."""
+    """The reader accepted nothing for ``stall_timeout`` seconds: raised into the decode's block to end it.
+
+    :class:`MP4Response` and the app's routes catch it themselves (the response ends quietly, incomplete,
+    with a warning logged); a block of your own around :func:`streamvae.open_latent_stream` sees it pass
+    through, as the cancellation of a client gone, and can tell the two apart.
+    """
 
 
 class MP4Response(Response):
@@ -65,8 +70,9 @@ class MP4Response(Response):
       ended, without that message: the server closes the connection and the client sees an incomplete
       body.
     - An ``http.disconnect`` cancels the block (and so the decode); so does a send that does not complete
-      within ``stall_timeout`` seconds, which raises :class:`ReaderStalledError` into the block and is
-      logged as a warning. Both end the response quietly: it is incomplete, and the server closes it.
+      within ``stall_timeout`` seconds, which raises :class:`streamvae.server.ReaderStalledError` into the
+      block and is logged as a warning. Both end the response quietly: it is incomplete, and the server
+      closes it.
 
     ``pacer``: a :class:`streamvae.server.MediaTimePacer` (opt-in) holds each piece until its media time
     (the first is never held, a slow decode never delayed); without one each piece leaves as soon as it
