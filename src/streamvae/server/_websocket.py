@@ -45,6 +45,7 @@ from fractions import Fraction
 from typing import Any, Literal, Protocol
 
 import anyio
+import anyio.lowlevel
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 from torch import Tensor
@@ -456,8 +457,17 @@ class _Connection:
             "completed_event_ids": list(sent.completed),
         }
         async with self._send_lock:
-            await self.websocket.send_text(json.dumps(metadata))
-            await self.websocket.send_bytes(sent.piece.data)
+            # A piece is its metadata and its bytes: a stop or a disconnect (a cancellation) between the two
+            # would leave the client a metadata whose frame never comes. So the pair is shielded, bounded
+            # as any send is by the stall timeout: a client that takes neither in that time has stalled.
+            with anyio.CancelScope(shield=True) as sending:
+                sending.deadline = anyio.current_time() + self.settings.stall_timeout
+                await self.websocket.send_text(json.dumps(metadata))
+                await self.websocket.send_bytes(sent.piece.data)
+            if sending.cancelled_caught:
+                self._end("stalled")
+                self._generation.cancel()
+                await anyio.lowlevel.checkpoint()  # the cancellation ends the generation here
         shown = anyio.current_time()
         for event_id in sent.started:
             received = self._received.pop(event_id, None)
