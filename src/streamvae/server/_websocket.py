@@ -460,13 +460,12 @@ class _Connection:
             # A piece is its metadata and its bytes: a stop or a disconnect (a cancellation) between the two
             # would leave the client a metadata whose frame never comes. So the pair is shielded, bounded
             # as any send is by the stall timeout: a client that takes neither in that time has stalled.
-            with anyio.CancelScope(shield=True) as sending:
-                sending.deadline = anyio.current_time() + self.settings.stall_timeout
+            deadline = anyio.current_time() + self.settings.stall_timeout
+            with anyio.CancelScope(shield=True, deadline=deadline) as sending:
                 await self.websocket.send_text(json.dumps(metadata))
                 await self.websocket.send_bytes(sent.piece.data)
             if sending.cancelled_caught:
-                self._end("stalled")
-                self._generation.cancel()
+                self._stalled()
                 await anyio.lowlevel.checkpoint()  # the cancellation ends the generation here
         shown = anyio.current_time()
         for event_id in sent.started:
@@ -476,12 +475,16 @@ class _Connection:
         self.chunks += 1
         self._active()
 
+    def _stalled(self) -> None:
+        """The client took nothing for ``stall_timeout`` seconds: the session ends, and its generation."""
+        self._end("stalled")
+        self._generation.cancel()
+
     async def _watch_stall(self) -> None:
         while True:
             idle = anyio.current_time() - self._last_activity
             if idle >= self.settings.stall_timeout:
-                self._end("stalled")
-                self._generation.cancel()
+                self._stalled()
                 return
             await anyio.sleep(self.settings.stall_timeout - idle)
 
