@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench docs serve-docs clean
+.PHONY: demo test quick lint bench docs serve-docs clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -20,8 +20,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests bench examples docs/*.py
 	$(VENV)/bin/mypy src
 
+# The tests run in one worker process per CPU (pytest-xdist), a test file to a worker: a file's module-level
+# caches (a tiny pipeline's seeded reference call, the ranks' forkserver) are then built once.
+PYTEST := $(VENV)/bin/python -m pytest -q -n auto --dist loadfile
+
 test: lint
-	$(VENV)/bin/python -m pytest -q --durations=20
+	$(PYTEST) --durations=20
+
+# The edit loop: every test but the slow ones (real ranks, fresh interpreters) and the browser's.
+quick: $(STAMP)
+	$(PYTEST) -m "not slow and not browser"
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,serve,bench]'

@@ -25,8 +25,8 @@ import argparse
 import functools
 import json
 import os
-import re
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -40,6 +40,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import memory_mib, reset_peak_rss
+from _report import table_head
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DOC, PLOT = DOCS / "distributed.md", DOCS / "distributed.png"
@@ -154,13 +158,6 @@ class RankRun:
         return self.peak_mib - self.before_mib
 
 
-def _status_mib(name: str) -> float:
-    text = Path("/proc/self/status").read_text()
-    match = re.search(rf"^{name}:\s+(\d+) kB", text, re.MULTILINE)
-    assert match is not None, name
-    return int(match.group(1)) / 1024
-
-
 def _sharded(vae: nn.Module, shard: str) -> Any:
     import streamvae.distributed as distributed
 
@@ -207,13 +204,13 @@ def _rank(rank: int, world: int, family: str, quick: bool, shard: str, threads: 
             decoder = chunked_decoder(vae)
         if rank == 0:
             _teed(decoder, out)
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux ≥ 4.0)
-        before = _status_mib("VmRSS")
+        reset_peak_rss()  # VmHWM restarts from the current RSS (Linux ≥ 4.0)
+        before, _ = memory_mib()
         started, cpu = time.perf_counter(), time.process_time()
         videos = anyio.run(functools.partial(decode_to_mp4, decoder, z, fps=16, video_codec_options=CODEC))
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
         stats = dict(vars(decoder.stats)) if world > 1 else {}
-        run = RankRun(rank, seconds, cpu_seconds, _status_mib("VmHWM"), before, stats)
+        run = RankRun(rank, seconds, cpu_seconds, memory_mib()[1], before, stats)
         if rank == 0:
             (out / "video.mp4").write_bytes(videos[0])
         (out / f"rank{rank}.json").write_text(json.dumps(asdict(run)))
@@ -339,12 +336,14 @@ def ratios(results: list[Result]) -> dict[str, tuple[float, float, float]]:
     return out
 
 
+COLUMNS = (
+    "family (latent → video) | run | wall | CPU | decode memory | ÷ 1 process: wall / CPU / memory "
+    "| vs 1 process | collectives / latent frame"
+)
+
+
 def table(by_family: dict[str, list[Result] | str], world: int, threads: int, quick: bool) -> list[str]:
-    lines = [
-        "| family (latent → video) | run | wall | CPU | decode memory | ÷ 1 process: wall / CPU / memory "
-        "| vs 1 process | collectives / latent frame |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines = table_head(COLUMNS)
     for family, results in by_family.items():
         spec = FAMILIES[family]
         if isinstance(results, str):

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,8 +39,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))  # tests/_vaes.py
+from _harness import X264, Runs, measuring, median, side_by_side, spawn_child, written
 from _report import DOCS, write_section
-from generate import X264, SubprocessPeak, count_frames, memory_mib, reset_peak_rss
 
 FPS = 16
 THREADS = 2  # torch threads in every child: this machine's cores
@@ -164,29 +162,17 @@ def run_child(method: str, name: str, height: int, width: int) -> dict[str, Any]
         call(method, small_vae, small, Path(tmp) / "warm-up.mp4")
         vae, z = build(family, height, width)
         path = Path(tmp) / "out.mp4"
-        reset = reset_peak_rss()
-        rss_before, _ = memory_mib()
-        cpu_before = os.times()
-        with SubprocessPeak() as subprocess_peak:
-            started = time.perf_counter()
+        with measuring() as cost:
             export_seconds = call(method, vae, z, path)
-            wall = time.perf_counter() - started
-        cpu_after = os.times()
-        _, peak = memory_mib()
         return {
             "method": method,
             "family": name,
-            "wall": wall,
+            **cost.record(),
             "export_seconds": export_seconds,
-            "cpu_seconds": sum(cpu_after[:4]) - sum(cpu_before[:4]),
-            "rss_before_mib": rss_before,
-            "peak_rss_mib": peak,
+            "peak_rss_mib": cost.peak_rss_mib,
             # the job's memory: this process's growth, and export_to_video's ffmpeg (a process of its own)
-            "growth_mib": peak - rss_before + subprocess_peak.peak_mib,
-            "peak_reset": reset,
-            "subprocess_peak_mib": subprocess_peak.peak_mib,
-            "bytes": path.stat().st_size,
-            "frames": count_frames(path),
+            "growth_mib": cost.peak_rss_mib - cost.rss_before_mib + cost.subprocess_peak_mib,
+            **written(path),
             "size": [height, width],
         }
 
@@ -195,39 +181,33 @@ def run_child(method: str, name: str, height: int, width: int) -> dict[str, Any]
 # Side by side (the parent)
 # ---------------------------------------------------------------------------------------------------------
 
-Runs = dict[str, list[dict[str, Any]]]  # method → its runs, in the order they ran
-
 
 def spawn(method: str, name: str, height: int, width: int) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", method, "--families", name]
-    command += ["--height", str(height), "--width", str(width)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode:
-        sys.exit(f"{method} {name} failed:\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    command = [
+        __file__,
+        "--child",
+        method,
+        "--families",
+        name,
+        "--height",
+        str(height),
+        "--width",
+        str(width),
+    ]
+    return spawn_child(command, f"{method} {name}")
+
+
+def summary(run: dict[str, Any]) -> str:
+    return f"{run['wall']:.2f} s, peak RSS {run['peak_rss_mib']:.0f} MiB (+{run['growth_mib']:.0f}), {run['frames']} frames"
 
 
 def measure(name: str, repeats: int, height: int, width: int) -> Runs:
     """``repeats`` runs of each way, alternating, each in a fresh process; both give the same frames."""
-    runs: Runs = {method: [] for method in METHODS}
-    for repeat in range(repeats):
-        for method in METHODS:
-            result = spawn(method, name, height, width)
-            runs[method].append(result)
-            print(
-                f"{name} {repeat + 1}/{repeats} {method}: {result['wall']:.2f} s, peak RSS "
-                f"{result['peak_rss_mib']:.0f} MiB (+{result['growth_mib']:.0f}), {result['frames']} frames",
-                flush=True,
-            )
+    runs = side_by_side(name, METHODS, repeats, lambda method: spawn(method, name, height, width), summary)
     expected = runs["baseline"][0]["frames"]
     if any(run["frames"] != expected for method_runs in runs.values() for run in method_runs):
         sys.exit(f"{name}: the two ways wrote different frame counts: {runs}")
     return runs
-
-
-def median(runs: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(run[key] for run in runs)
 
 
 def pair_ratios(runs: Runs, key: str) -> list[float]:

@@ -1,7 +1,7 @@
 """First painted frame in a browser: ``<video src="/video.mp4">`` (HTTP) vs the WebSocket into Media Source.
 
 The project's goal: the page paints its first frame within 250 ms of the first fragment arriving. Headless
-chromium (``/usr/bin/chromium``, driven over the DevTools protocol as ``tests/test_browser.py`` drives it)
+chromium (``/usr/bin/chromium``, driven over the DevTools protocol as ``tests/_browser.py`` drives it)
 opens the app's page for each request and transport, their order alternating between repetitions, and
 reads the page's own timing (``window.streamvaeState``, in ms from the page's request):
 
@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 from _report import write_section
 
 from streamvae.server import create_app
+from tests._browser import WAIT_FOR_END, DevTools, headless_chromium
 from tests._server import running_server
-from tests.test_browser import WAIT_FOR_END, DevTools, headless_chromium
 
 CONFIGS = ((33, 128), (65, 256))  # (frames, size)
 TRANSPORTS = ("http", "ws")

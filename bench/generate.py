@@ -5,7 +5,7 @@ path, fps=16)`` (imageio-ffmpeg). With streamvae: ``generate_mp4(pipe, fps=16, *
 same pipeline up to its ``vae.decode`` and streams the decode into an MP4, the bytes then written to the
 same kind of file. Same pipeline, same arguments, a fresh seeded generator every call.
 
-Configurations: the tiny pipelines of ``tests/_pipelines.py`` (a tenth of a second a call: what is measured
+Configurations: the tiny pipelines of ``tests/pipelines/`` (a tenth of a second a call: what is measured
 is each way's overhead), a larger Wan 2.1 pipeline at 257 frames whose VAE decode dominates (``LARGE``), and
 that one again with glibc's malloc held to one arena (``ONE_ARENA``, one pair). Each run is a fresh child
 process, so its peak RSS is its own; the two ways alternate (today, streamvae, today, streamvae, …) so
@@ -23,14 +23,11 @@ again at each step's end so the decode and encode's own peak can be told from th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,21 +38,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))  # tests/_pipelines.py
-from _report import DOCS, write_section
+sys.path.insert(0, str(ROOT))  # tests/pipelines/
+from _generation import FPS, METHODS, THREADS, X264, growth, run_generation, summary, table, wan_pipeline
+from _harness import Runs, median, side_by_side, spawn_child, spread
+from _report import DOCS, label_panel, stacked_bars, write_section
 
-FPS = 16
-THREADS = 2  # torch threads in every child: this machine's cores
-# export_to_video's defaults (quality=5) make imageio-ffmpeg ask libx264 for crf int((1 - 5/10) * 51) = 25
-# and nothing else: preset medium, yuv420p; the ffmpeg CLI adds threads auto (x264: 1.5 × cores, frame
-# threads). streamvae gets the same crf and preset; its threads stay its default, min(4, cores).
-X264 = {"crf": "25", "preset": "medium"}
 TINY = ("wan21", "hunyuan_video", "ltx_timestep", "cogvideox")
 WARM_UP_FRAMES = 9
-METHODS = {
-    "baseline": '`pipe(…, output_type="np")` + `export_to_video` (today)',
-    "generate": "`generate_mp4(pipe, …)` (streamvae)",
-}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -78,28 +67,11 @@ class Large:
         return (
             f"`WanPipeline`, `AutoencoderKLWan(base_dim={self.base_dim}, z_dim=16, "
             f"num_res_blocks={self.num_res_blocks})` (default `dim_mult` [1, 2, 4, 4], diffusers' default "
-            f"initialisation, seeded), the tiny Wan transformer of `tests/_pipelines.py` (2 layers, 2 heads "
+            f"initialisation, seeded), the tiny Wan transformer of `tests/pipelines/wan.py` (2 layers, 2 heads "
             f"× 12) with `rope_max_seq_len` 1024 for {1 + (self.num_frames - 1) // 4} latent frames; "
             f"{self.num_frames} frames at {self.height}×{self.width}, {self.steps} steps, guidance 6.0"
         )
 
-
-# tests/_pipelines.py's tiny Wan transformer, with diffusers' default rope_max_seq_len: the tests' 32 positions
-# are fewer than the 65 latent frames of 257.
-TRANSFORMER: dict[str, Any] = {
-    "patch_size": (1, 2, 2),
-    "num_attention_heads": 2,
-    "attention_head_dim": 12,
-    "num_layers": 2,
-    "in_channels": 16,
-    "out_channels": 16,
-    "text_dim": 32,
-    "freq_dim": 256,
-    "ffn_dim": 32,
-    "cross_attn_norm": True,
-    "qk_norm": "rms_norm_across_heads",
-    "rope_max_seq_len": 1024,
-}
 
 # On this 2-core CPU the Wan 2.1 decode costs about 1.2 s a frame at 256×256 with base_dim 32 (over five
 # minutes for 257 frames), so the larger config keeps base_dim 32 and shrinks the frame instead.
@@ -107,43 +79,12 @@ LARGE = Large(base_dim=32, num_res_blocks=1, height=128, width=128, num_frames=2
 
 
 def build_large(large: Large) -> tuple[Any, Callable[..., dict[str, Any]]]:
-    from diffusers import (
-        AutoencoderKLWan,
-        FlowMatchEulerDiscreteScheduler,
-        WanPipeline,
-        WanTransformer3DModel,
-    )
+    from diffusers import AutoencoderKLWan
 
     torch.manual_seed(0)
     vae = AutoencoderKLWan(base_dim=large.base_dim, z_dim=16, num_res_blocks=large.num_res_blocks)
-    torch.manual_seed(0)
-    transformer = WanTransformer3DModel(**TRANSFORMER)
-    pipe = WanPipeline(
-        vae=vae.eval(),
-        transformer=transformer.eval(),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        text_encoder=None,
-        tokenizer=None,
-    )
-    pipe.set_progress_bar_config(disable=True)
-
-    def make_kwargs(**overrides: Any) -> dict[str, Any]:
-        def embeds(seed: int) -> torch.Tensor:
-            return torch.randn(1, 16, TRANSFORMER["text_dim"], generator=torch.Generator().manual_seed(seed))
-
-        kwargs = {
-            "prompt_embeds": embeds(1),
-            "negative_prompt_embeds": embeds(2),
-            "height": large.height,
-            "width": large.width,
-            "num_frames": large.num_frames,
-            "guidance_scale": 6.0,
-            "num_inference_steps": large.steps,
-            "generator": torch.Generator().manual_seed(0),
-        }
-        return {**kwargs, **overrides}
-
-    return pipe, make_kwargs
+    size = {"height": large.height, "width": large.width, "num_frames": large.num_frames}
+    return wan_pipeline(vae, **size, num_inference_steps=large.steps)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -151,152 +92,15 @@ def build_large(large: Large) -> tuple[Any, Callable[..., dict[str, Any]]]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def memory_mib() -> tuple[float, float]:
-    """(RSS now, peak RSS) of this process, MiB."""
-    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
-    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's peak RSS to its RSS now (Linux ``clear_refs`` 5); False where it cannot."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
-def count_frames(path: Path) -> int:
-    import av
-
-    with av.open(str(path)) as container:
-        return sum(1 for _ in container.decode(video=0))
-
-
-class StepEnds:
-    """A ``callback_on_step_end`` (both ways pass it) that splits a call at the end of its denoising.
-
-    At each step's end it notes the time, the RSS and the peak RSS so far, then resets the peak: after the
-    call the process's peak is that of what followed the last step, the decode and the encode.
-    """
-
-    def __init__(self) -> None:
-        self.denoising_peak_mib = 0.0
-        self.rss_at_last_step_mib = float("nan")
-        self.last_step_at = float("nan")
-
-    def __call__(
-        self, pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
-        rss, peak = memory_mib()
-        self.denoising_peak_mib = max(self.denoising_peak_mib, peak)
-        self.rss_at_last_step_mib, self.last_step_at = rss, time.perf_counter()
-        reset_peak_rss()
-        return callback_kwargs
-
-
-def call(method: str, pipe: Any, kwargs: dict[str, Any], path: Path) -> float:
-    """One way to an MP4 file at ``path``; the baseline's seconds in ``export_to_video`` (else 0)."""
-    if method == "baseline":
-        from diffusers.utils import export_to_video
-
-        frames = pipe(**kwargs, output_type="np").frames[0]  # the whole video, float32 [0, 1]
-        exporting = time.perf_counter()
-        export_to_video(frames, str(path), fps=FPS)
-        return time.perf_counter() - exporting
-    import anyio
-
-    from streamvae.pipelines import generate_mp4
-
-    async def generate() -> list[bytes]:
-        return await generate_mp4(pipe, fps=FPS, session_options={"video_codec_options": X264}, **kwargs)
-
-    (video,) = anyio.run(generate)
-    path.write_bytes(video)
-    return 0.0
-
-
-class SubprocessPeak:
-    """The largest summed RSS of this process's ffmpeg subprocesses (export_to_video's), sampled every
-    ``interval`` seconds while the block runs. ``ru_maxrss`` of children cannot tell it: a forked child
-    is charged its parent's pages until it executes ffmpeg."""
-
-    def __init__(self, interval: float = 0.005) -> None:
-        import threading
-
-        self.interval, self.peak_mib = interval, 0.0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        import psutil
-
-        me = psutil.Process()
-        while not self._done.wait(self.interval):
-            total = 0
-            for child in me.children(recursive=True):
-                with contextlib.suppress(psutil.Error):  # it exited between the listing and the look
-                    # a forked child counts its parent's pages until it executes ffmpeg: not until then
-                    if "ffmpeg" in child.name():
-                        total += child.memory_info().rss
-            self.peak_mib = max(self.peak_mib, total / 2**20)
-
-    def __enter__(self) -> SubprocessPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-
 def run_child(method: str, config: str, num_frames: int | None) -> dict[str, Any]:
-    torch.set_num_threads(THREADS)
     if config == "large":
         pipe, make_kwargs = build_large(LARGE)
     else:
-        from tests._pipelines import BUILDERS
+        from tests.pipelines import BUILDERS
 
         pipe, make_kwargs = BUILDERS[config]()
     overrides = {} if num_frames is None else {"num_frames": num_frames}
-    with tempfile.TemporaryDirectory() as tmp:
-        call(
-            method,
-            pipe,
-            make_kwargs(num_frames=WARM_UP_FRAMES, callback_on_step_end=StepEnds()),
-            Path(tmp) / "warm-up.mp4",
-        )
-        path = Path(tmp) / "out.mp4"
-        steps = StepEnds()
-        kwargs = make_kwargs(**overrides, callback_on_step_end=steps)
-        reset = reset_peak_rss()
-        rss_before, _ = memory_mib()
-        cpu_before = os.times()
-        with SubprocessPeak() as subprocess_peak:
-            started = time.perf_counter()
-            export_seconds = call(method, pipe, kwargs, path)
-            wall = time.perf_counter() - started
-        cpu_after = os.times()
-        _, after_peak = memory_mib()  # since the last step's end
-        return {
-            "method": method,
-            "config": config,
-            "wall": wall,
-            "denoising_seconds": steps.last_step_at - started,
-            "export_seconds": export_seconds,
-            # this process and its children (export_to_video's ffmpeg), user + system
-            "cpu_seconds": sum(cpu_after[:4]) - sum(cpu_before[:4]),
-            "rss_before_mib": rss_before,
-            "denoising_peak_mib": steps.denoising_peak_mib,
-            "rss_at_last_step_mib": steps.rss_at_last_step_mib,
-            "after_peak_mib": after_peak,
-            "peak_rss_mib": max(steps.denoising_peak_mib, after_peak),
-            "peak_reset": reset,
-            "subprocess_peak_mib": subprocess_peak.peak_mib,
-            "bytes": path.stat().st_size,
-            "frames": count_frames(path),
-            "expected_frames": kwargs["num_frames"],
-        }
+    return run_generation(method, config, pipe, make_kwargs, WARM_UP_FRAMES, **overrides)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -306,22 +110,13 @@ def run_child(method: str, config: str, num_frames: int | None) -> dict[str, Any
 #: the larger config again with glibc's malloc held to one arena (``MALLOC_ARENA_MAX=1``): how much of a
 #: peak is memory freed in one thread's arena that another thread cannot reuse
 ONE_ARENA = "large-one-arena"
-Runs = dict[str, list[dict[str, Any]]]  # method → its runs, in the order they ran
 
 
 def spawn(method: str, config: str, num_frames: int | None, env: dict[str, str]) -> dict[str, Any]:
-    command = [sys.executable, __file__, "--child", method, "--config", config]
+    command = [__file__, "--child", method, "--config", config]
     if num_frames is not None:
         command += ["--num-frames", str(num_frames)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env={**os.environ, **env})
-    if done.returncode:
-        sys.exit(f"{method} {config} failed:\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    if result["frames"] != result["expected_frames"]:
-        sys.exit(
-            f"{method} {config}: the MP4 decodes to {result['frames']} frames, not {result['expected_frames']}"
-        )
-    return result
+    return spawn_child(command, f"{method} {config}", {**os.environ, **env})
 
 
 def measure(case: str, repeats: int, large: Large) -> Runs:
@@ -329,76 +124,7 @@ def measure(case: str, repeats: int, large: Large) -> Runs:
     config = "large" if case in ("large", ONE_ARENA) else case
     env = {"MALLOC_ARENA_MAX": "1"} if case == ONE_ARENA else {}
     frames = large.num_frames if config == "large" else None
-    runs: Runs = {method: [] for method in METHODS}
-    for repeat in range(repeats):
-        for method in METHODS:
-            result = spawn(method, config, frames, env)
-            runs[method].append(result)
-            print(
-                f"{case} {repeat + 1}/{repeats} {method}: {result['wall']:.2f} s, peak RSS "
-                f"{result['peak_rss_mib']:.0f} MiB (+{growth(result):.0f}), {result['frames']} frames",
-                flush=True,
-            )
-    return runs
-
-
-def growth(run: dict[str, Any]) -> float:
-    """MiB the process grew by after the denoising (the decode and the encode): its peak since the last
-    step's end over its RSS then."""
-    return float(run["after_peak_mib"] - run["rss_at_last_step_mib"])
-
-
-def median(runs: list[dict[str, Any]], key: str) -> float:
-    return statistics.median(run[key] for run in runs)
-
-
-def spread(values: list[float], unit: str, digits: int) -> str:
-    return f"{min(values):.{digits}f}–{max(values):.{digits}f} {unit}"
-
-
-def ratios(values: list[float]) -> str:
-    return f"**{statistics.median(values):.2f}** ({', '.join(f'{v:.2f}' for v in values)})"
-
-
-def table(runs: Runs) -> str:
-    rows = [
-        "| way | wall, median (min–max) | process CPU | peak RSS of the call, median (min–max) | "
-        "growth after the denoising, median (min–max) | ffmpeg subprocess, peak RSS | MP4 |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for method, label in METHODS.items():
-        mine = runs[method]
-        d = 2 if median(mine, "wall") < 10 else 1
-        wall = (
-            f"{median(mine, 'wall'):.{d}f} s ({spread([r['wall'] for r in mine], 's', d)}); "
-            f"denoising {median(mine, 'denoising_seconds'):.{d}f} s"
-        )
-        if method == "baseline":
-            wall += f", export_to_video {median(mine, 'export_seconds'):.{d}f} s"
-        peaks, grown = [r["peak_rss_mib"] for r in mine], [growth(r) for r in mine]
-        ffmpeg = median(mine, "subprocess_peak_mib")
-        rows.append(
-            f"| {label} | {wall} | {median(mine, 'cpu_seconds'):.{d}f} s | "
-            f"{statistics.median(peaks):.0f} MiB ({spread(peaks, 'MiB', 0)}) | "
-            f"+{statistics.median(grown):.0f} MiB ({spread(grown, 'MiB', 0)}) | "
-            f"{f'{ffmpeg:.0f} MiB' if ffmpeg else '—'} | "
-            f"{mine[0]['frames']} frames, {median(mine, 'bytes') / 1024:.0f} KiB |"
-        )
-    pairs = list(zip(runs["baseline"], runs["generate"], strict=True))
-    rows += [
-        "",
-        f"- wall, streamvae ÷ today, per repeat: {ratios([new['wall'] / old['wall'] for old, new in pairs])}",
-        "- peak RSS, streamvae ÷ today, per repeat (the Python process, ffmpeg's excluded): "
-        f"{ratios([new['peak_rss_mib'] / old['peak_rss_mib'] for old, new in pairs])}",
-    ]
-    if min(growth(run) for old_new in pairs for run in old_new) >= 10:  # a ratio of a few MiB is noise
-        rows.append(
-            "- growth after the denoising, streamvae ÷ today, per repeat: "
-            f"{ratios([growth(new) / growth(old) for old, new in pairs])}"
-        )
-    if not all(run["peak_reset"] for run in (*runs["baseline"], *runs["generate"])):
-        rows.append("- (peak RSS could not be reset here: it includes building the pipeline and the warm-up)")
-    return "\n".join(rows)
+    return side_by_side(case, METHODS, repeats, lambda method: spawn(method, config, frames, env), summary)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -436,18 +162,12 @@ def plot(results: dict[str, Runs], large: Large, path: Path) -> None:
         wall_ax.bar_label(bars, labels=[f"{m:.2f}" if m < 10 else f"{m:.1f}" for m in middle], fontsize=7)
         before = [median(results[case][method], "rss_before_mib") for case in cases]
         peaks = [median(results[case][method], "peak_rss_mib") for case in cases]
-        rss_ax.bar(xs, before, width, color=PLOT_COLORS[method], alpha=0.35)
-        grown = [peak - low for peak, low in zip(peaks, before, strict=True)]
-        bars = rss_ax.bar(xs, grown, width, bottom=before, **style)
-        rss_ax.bar_label(bars, labels=[f"{p:.0f}" for p in peaks], fontsize=7)
+        stacked_bars(rss_ax, xs, before, peaks, width, [f"{p:.0f}" for p in peaks], **style)
     wall_ax.set_yscale("log")
-    wall_ax.set_ylabel("wall time of the call (s, log scale)")
-    wall_ax.set_title("wall time: median, min–max")
-    rss_ax.set_ylabel("peak RSS of the process (MiB)")
-    rss_ax.set_title("peak RSS during the call: median (pale: RSS just before it)")
+    label_panel(wall_ax, "wall time of the call (s, log scale)", "wall time: median, min–max", labels)
+    rss_title = "peak RSS during the call: median (pale: RSS just before it)"
+    label_panel(rss_ax, "peak RSS of the process (MiB)", rss_title, labels)
     for ax in (wall_ax, rss_ax):
-        ax.set_xticks(range(len(cases)), labels, fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle("A diffusers pipeline to an MP4: today vs generate_mp4 (2-core CPU, a fresh process a run)")
     fig.tight_layout()
@@ -553,7 +273,7 @@ def report(results: dict[str, Runs], repeats: int, large: Large) -> str:
     import streamvae
 
     tiny = "\n\n".join(
-        f"**{case}** (`tests/_pipelines.py`: {results[case]['baseline'][0]['frames']} frames, 2 steps)\n\n"
+        f"**{case}** (`tests/pipelines/`: {results[case]['baseline'][0]['frames']} frames, 2 steps)\n\n"
         f"{table(results[case])}"
         for case in results
         if case not in ("large", ONE_ARENA)
@@ -610,7 +330,7 @@ def main() -> None:
     parser.add_argument(
         "--cases",
         default=",".join((*TINY, "large", ONE_ARENA)),
-        help=f"comma-separated: tests/_pipelines.py builders, 'large', '{ONE_ARENA}' (one repeat)",
+        help=f"comma-separated: tests/pipelines/ builders, 'large', '{ONE_ARENA}' (one repeat)",
     )
     parser.add_argument("--save-runs", type=Path, help="also write every run's figures to this JSON file")
     parser.add_argument(

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import io
 import itertools
 import os
 import sys
@@ -48,7 +47,6 @@ from statistics import median
 from typing import Any
 
 import anyio
-import av
 import httpx
 import numpy as np
 import torch
@@ -62,7 +60,7 @@ from _report import DOCS, write_section
 import streamvae._encode as encode_module
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream
 from streamvae._codec_options import (
-    VIDEO_LADDER,
+    VIDEO_RUNGS,
     OutputKind,
     auto_codec_options,
     default_codec_options,
@@ -72,6 +70,7 @@ from streamvae._encode import EntryEncoder
 from streamvae._fragments import FragmentCutter
 from streamvae.demo import DEMO_FPS, demo_latent, demo_vae
 from streamvae.server import create_app
+from tests._media import psnr, read_mp4
 from tests._server import running_server
 
 SIZE = 256
@@ -87,9 +86,7 @@ def _before_codec_options(codec: str, options: Any, output: OutputKind = "mp4") 
     return {**default_codec_options(codec, "mp4"), **dict(options or {})}
 
 
-def _before_container_options(output: OutputKind, fps: Fraction, fragment_frames: int = 1) -> dict[str, str]:
-    if output != "fragmented":
-        return {"movflags": "+faststart"}
+def _before_fragment_options(target: encode_module.FragmentedTarget) -> dict[str, str]:
     return {"movflags": "frag_keyframe+empty_moov+default_base_moof+delay_moov"}
 
 
@@ -99,13 +96,13 @@ def setup(name: str) -> Iterator[None]:
     if name == "now":
         yield
         return
-    saved = encode_module.merge_codec_options, encode_module.container_options
+    saved = encode_module.merge_codec_options, encode_module.FragmentedTarget.muxer_options
     encode_module.merge_codec_options = _before_codec_options  # type: ignore[assignment]
-    encode_module.container_options = _before_container_options
+    encode_module.FragmentedTarget.muxer_options = _before_fragment_options  # type: ignore[method-assign]
     try:
         yield
     finally:
-        encode_module.merge_codec_options, encode_module.container_options = saved
+        encode_module.merge_codec_options, encode_module.FragmentedTarget.muxer_options = saved  # type: ignore[method-assign]
 
 
 # -- the frames --
@@ -205,12 +202,7 @@ def compress(rgb: np.ndarray, name: str, fragment_frames: int = 1) -> Compressio
 
 def psnr_of(data: bytes, rgb: np.ndarray) -> float:
     """PSNR of the MP4 ``data`` decoded (PyAV) against the frames ``rgb`` it was made from."""
-    with av.open(io.BytesIO(data)) as container:
-        decoded = np.stack(
-            [f.to_ndarray(format="rgb24", src_colorspace="ITU709") for f in container.decode(video=0)]
-        )
-    mse = float(np.mean((decoded.astype(np.float64) - rgb.astype(np.float64)) ** 2))
-    return float(10 * np.log10(255.0**2 / mse))
+    return psnr(read_mp4(data).frames, rgb)
 
 
 def fragment_overhead(data: bytes) -> int:
@@ -263,13 +255,13 @@ def rungs(
     """Each rung that encodes here, streamed ``repeats`` times (interleaved); why the others cannot."""
     runs: dict[str, list[StreamRun]] = {}
     missing: dict[str, str] = {}
-    for codec in VIDEO_LADDER:
+    for codec in (rung.name for rung in VIDEO_RUNGS):
         failure = encode_failure(codec)
         if failure is not None:
             missing[codec] = failure
     chunks = causal_chunks(video, RUNG_FRAMES)
     for repeat in range(repeats):
-        for codec in (c for c in VIDEO_LADDER if c not in missing):
+        for codec in (rung.name for rung in VIDEO_RUNGS if rung.name not in missing):
             options = auto_codec_options(codec, NEUTRAL, "fragmented")  # what "auto" opens it with
             run = anyio.run(
                 functools.partial(stream, video_codec=codec, video_codec_options=options), chunks, step
@@ -282,15 +274,28 @@ def rungs(
     return runs, missing
 
 
+def ms(seconds: float) -> str:
+    return f"{1000 * seconds:.0f} ms"
+
+
+def command(args: argparse.Namespace, *more: str) -> str:
+    """The command that wrote a section, as the section shows it."""
+    return f"`.venv/bin/python bench/latency.py --repeats {args.repeats} --step {args.step} {' '.join(more)}`"
+
+
+def first_and_latencies(runs: list[StreamRun]) -> tuple[float, float, float]:
+    """Medians over the repeats: the first frame out, each run's median chunk latency, each run's longest."""
+    first = median([r.first_out for r in runs])
+    return first, median([median(r.latencies) for r in runs]), median([max(r.latencies) for r in runs])
+
+
 def report_rungs(
     args: argparse.Namespace, runs: dict[str, list[StreamRun]], missing: dict[str, str], rgb: np.ndarray
 ) -> None:
-    ms = lambda seconds: f"{1000 * seconds:.0f} ms"  # noqa: E731
     lines = [
         "## Encoder ladder: each rung's first fragment and size",
         "",
-        f"`.venv/bin/python bench/latency.py --repeats {args.repeats} --step {args.step} --rungs-only` (2-core "
-        f"CPU). The demo VAE's frames ({SIZE}×{SIZE}, {RUNG_FRAMES} frames), pushed as a causal VAE publishes "
+        f"{command(args, '--rungs-only')} (2-core CPU). The demo VAE's frames ({SIZE}×{SIZE}, {RUNG_FRAMES} frames), pushed as a causal VAE publishes "
         f"them (1 frame, then 4), one push every {args.step:g} s, into a fragmented session on each rung of "
         '`video_codec="auto"`\'s ladder, opened with what auto gives it: the codec-neutral '
         f"`{NEUTRAL}` translated for the rung, and its low-latency mode (x264 `tune=zerolatency`, SVT-AV1 "
@@ -303,9 +308,7 @@ def report_rungs(
         "|---|---|---|---|---|---|---|",
     ]
     for codec, codec_runs in runs.items():
-        first = median([r.first_out for r in codec_runs])
-        typical = median([median(r.latencies) for r in codec_runs])
-        longest = median([max(r.latencies) for r in codec_runs])
+        first, typical, longest = first_and_latencies(codec_runs)
         encode = median([r.frame_encode for r in codec_runs])
         size = median([len(r.video) / RUNG_FRAMES for r in codec_runs])
         quality = psnr_of(codec_runs[0].video, rgb)
@@ -407,12 +410,10 @@ def report(
     rows: list[tuple[str, Compression, Compression]],
     served_runs: dict[str, list[tuple[float, float]]],
 ) -> None:
-    ms = lambda seconds: f"{1000 * seconds:.0f} ms"  # noqa: E731
     lines = [
         "## Latency: a fragment per chunk",
         "",
-        f"`.venv/bin/python bench/latency.py --repeats {args.repeats} --step {args.step} --served {args.served}`"
-        " (2-core CPU). *before*: the fragmented defaults before issue 12 (a fragment per keyframe, one a "
+        f"{command(args, f'--served {args.served}')} (2-core CPU). *before*: the fragmented defaults before issue 12 (a fragment per keyframe, one a "
         "second; x264 lookahead and B-frames); *now*: a fragment per transfer group (per frame) and x264 "
         "`tune=zerolatency`. Both run side by side in one process, interleaved; medians over the repeats.",
         "",
@@ -428,11 +429,9 @@ def report(
     for frames in LENGTHS:
         for name in SETUPS:
             runs = streams[(name, frames)]
-            first = median([r.first_out for r in runs])
+            first, typical, longest = first_and_latencies(runs)
             bound = median([r.bound for r in runs])
-            typical = median([median(r.latencies) for r in runs])
             stats = median([r.stats_median for r in runs])
-            longest = median([max(r.latencies) for r in runs])
             ok = "yes" if first <= bound else "no"
             lines.append(
                 f"| {frames} | {name} | {ms(first)} | {ms(bound)} | {ok} | {ms(typical)} ({ms(stats)}) | {ms(longest)} |"

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ import anyio
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import memory_mib, reset_peak_rss, spawn_child
 from _patterns import moving_waves
 from _report import DOCS, write_section
 
@@ -137,13 +136,8 @@ def host_cpu_per_frame(pixel_format: str, frames: int = 32) -> float:
 
 def child_peak_rss(mode: str, frames: int, cost: float) -> float:
     """Peak RSS (MiB) of a fresh process running one ``mode`` run of ``frames`` frames."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", mode, "--frames", str(frames), "--cost", str(cost)],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return float(json.loads(out.strip().splitlines()[-1])["peak_rss_mib"])
+    command = [__file__, "--child", mode, "--frames", str(frames), "--cost", str(cost)]
+    return float(spawn_child(command, f"{mode} {frames} frames")["peak_rss_mib"])
 
 
 def run_child(mode: str, frames: int, cost: float) -> None:
@@ -153,7 +147,7 @@ def run_child(mode: str, frames: int, cost: float) -> None:
         anyio.run(streamed, sources, sizes, cost)
     else:
         sequential(sources, sizes, cost)
-    print(json.dumps({"peak_rss_mib": peak_rss_mib()}))
+    print(json.dumps({"peak_rss_mib": memory_mib()[1]}))
 
 
 def memory_child(sessions: int, frames: int) -> None:
@@ -175,12 +169,12 @@ def memory_child(sessions: int, frames: int) -> None:
             for _ in range(sessions):
                 tg.start_soon(one)
 
-    before = rss_mib()
-    Path("/proc/self/clear_refs").write_text("5")  # VmHWM restarts from the current RSS
+    before, _ = memory_mib()
+    reset_peak_rss()
     started = time.perf_counter()
     anyio.run(run)
     seconds = time.perf_counter() - started
-    print(json.dumps({"added_mib": peak_rss_mib() - before, "before_mib": before, "seconds": seconds}))
+    print(json.dumps({"added_mib": memory_mib()[1] - before, "before_mib": before, "seconds": seconds}))
 
 
 def memory_child_run(sessions: int, frames: int, source: str | None) -> dict[str, float]:
@@ -188,14 +182,8 @@ def memory_child_run(sessions: int, frames: int, source: str | None) -> dict[str
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     if source is not None:
         env["PYTHONPATH"] = os.pathsep.join([source, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    out = subprocess.run(
-        [sys.executable, __file__, "--memory-child", str(sessions), "--frames", str(frames)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    ).stdout
-    return dict(json.loads(out.strip().splitlines()[-1]))
+    command = [__file__, "--memory-child", str(sessions), "--frames", str(frames)]
+    return dict(spawn_child(command, f"{sessions} sessions", env))
 
 
 def memory_report(frames: int, runs: int, baseline: str | None) -> None:
@@ -236,21 +224,6 @@ its runs alternating with this tree's.
 {table}
 """
     print(f"wrote {write_section('memory', body)}")
-
-
-def rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-def peak_rss_mib() -> float:
-    # VmHWM belongs to this process image; ru_maxrss would carry the parent's peak across fork + exec.
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def plot_timeline(result: dict[str, Any], path: Path) -> None:

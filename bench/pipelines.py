@@ -2,14 +2,15 @@
 
 Two measurements, side by side in one run, each run a fresh child process (its peak RSS its own):
 
-1. **Wan at realistic frame sizes.** ``WanPipeline`` with the tiny Wan transformer of ``bench/generate.py``
+1. **Wan at realistic frame sizes.** ``WanPipeline`` with the tiny Wan transformer of ``bench/_generation.py``
    (``TRANSFORMER``, ``rope_max_seq_len`` 1024) and a small-channel ``AutoencoderKLWan`` (``tests/_vaes.py``'s
    ``tiny_wan21``: ``base_dim`` 3, ``dim_mult`` [1, 1, 1, 1], ``num_res_blocks`` 1, weights re-drawn so the
    video has content), so that the video's size, not the model, sets the memory: 257 frames at 240×416
    and 33 frames at 480×832. Today: ``pipe(…, output_type="np")`` then ``export_to_video``; with
-   streamvae: ``generate_mp4(pipe, fps=16, …)``, the same x264 crf and preset (``bench/generate.py``'s
-   ``X264``). Wall time and peak RSS of the call, as ``bench/generate.py`` measures them.
-2. **Helios's first byte.** ``HeliosPipeline`` (``tests/_pipelines_clips.py``'s ``helios`` builder) at
+   streamvae: ``generate_mp4(pipe, fps=16, …)``, the same x264 crf and preset (``bench/_harness.py``'s
+   ``X264``). Wall time and peak RSS of the call, as ``bench/generate.py`` measures them
+   (``bench/_generation.py``'s ``run_generation``).
+2. **Helios's first byte.** ``HeliosPipeline`` (``tests/pipelines/helios.py``'s ``helios`` builder) at
    128×128 and 132 frames, 4 autoregressive chunks each decoded inside the chunk loop: the time from the
    call's start to the first byte of ``stream_generation`` against ``pipe(…, output_type="np")``'s total
    time, and ``stream_generation``'s total time.
@@ -29,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,30 +43,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT))  # tests/_pipelines_clips.py, tests/_vaes.py
-from _report import DOCS, write_section
-from generate import (
-    FPS,
-    METHODS,
-    THREADS,
-    TRANSFORMER,
-    X264,
-    StepEnds,
-    SubprocessPeak,
-    call,
-    count_frames,
-    growth,
-    median,
-    memory_mib,
-    ratios,
-    reset_peak_rss,
-    spread,
-    table,
-)
+sys.path.insert(0, str(ROOT))  # tests/pipelines/helios.py, tests/_vaes.py
+from _generation import FPS, METHODS, THREADS, X264, growth, run_generation, table, wan_pipeline
+from _harness import Runs, measuring, median, ratios, side_by_side, spawn_child, spread, written
+from _report import DOCS, label_panel, stacked_bars, write_section
 
 JSON_PATH = DOCS / "pipelines_bench.json"
 PLOT_PATH = DOCS / "pipelines_bench.png"
-Runs = dict[str, list[dict[str, Any]]]  # way → its runs, in the order they ran
 HELIOS_METHODS = {
     "baseline": '`pipe(…, output_type="np")` (today)',
     "stream": "`stream_generation(pipe, …)` (streamvae)",
@@ -126,36 +108,10 @@ QUICK_HELIOS = HeliosCase(32, 66)
 
 
 def build_wan() -> tuple[Any, Callable[..., dict[str, Any]]]:
-    """A WanPipeline: tests/_vaes.py's tiny_wan21 VAE, bench/generate.py's tiny transformer; no text encoder."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
-
+    """A WanPipeline: tests/_vaes.py's tiny_wan21 VAE, bench/_generation.py's tiny transformer; no text encoder."""
     from tests._vaes import tiny_wan21
 
-    torch.manual_seed(0)
-    transformer: Any = WanTransformer3DModel(**TRANSFORMER)
-    pipe: Any = WanPipeline(
-        vae=tiny_wan21(),
-        transformer=transformer.eval(),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        text_encoder=None,
-        tokenizer=None,
-    )
-    pipe.set_progress_bar_config(disable=True)
-
-    def make_kwargs(**overrides: Any) -> dict[str, Any]:
-        def embeds(seed: int) -> torch.Tensor:
-            return torch.randn(1, 16, TRANSFORMER["text_dim"], generator=torch.Generator().manual_seed(seed))
-
-        kwargs = {
-            "prompt_embeds": embeds(1),
-            "negative_prompt_embeds": embeds(2),
-            "guidance_scale": 6.0,
-            "num_inference_steps": 2,
-            "generator": torch.Generator().manual_seed(0),
-        }
-        return {**kwargs, **overrides}
-
-    return pipe, make_kwargs
+    return wan_pipeline(tiny_wan21(), num_inference_steps=2)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -164,43 +120,12 @@ def build_wan() -> tuple[Any, Callable[..., dict[str, Any]]]:
 
 
 def run_wan_child(method: str, case: WanCase) -> dict[str, Any]:
-    """bench/generate.py's measurement (``run_child``) of one way at ``case``'s size."""
-    torch.set_num_threads(THREADS)
+    """bench/generate.py's measurement (``run_generation``) of one way at ``case``'s size."""
     pipe, make_kwargs = build_wan()
     size = {"height": case.height, "width": case.width}
-    with tempfile.TemporaryDirectory() as tmp:
-        warm_up = make_kwargs(**size, num_frames=case.warm_up_frames, callback_on_step_end=StepEnds())
-        call(method, pipe, warm_up, Path(tmp) / "warm-up.mp4")
-        path = Path(tmp) / "out.mp4"
-        steps = StepEnds()
-        kwargs = make_kwargs(**size, num_frames=case.num_frames, callback_on_step_end=steps)
-        reset = reset_peak_rss()
-        rss_before, _ = memory_mib()
-        cpu_before = os.times()
-        with SubprocessPeak() as subprocess_peak:
-            started = time.perf_counter()
-            export_seconds = call(method, pipe, kwargs, path)
-            wall = time.perf_counter() - started
-        cpu_after = os.times()
-        _, after_peak = memory_mib()  # since the last step's end
-        return {
-            "method": method,
-            "config": case.name,
-            "wall": wall,
-            "denoising_seconds": steps.last_step_at - started,
-            "export_seconds": export_seconds,
-            "cpu_seconds": sum(cpu_after[:4]) - sum(cpu_before[:4]),
-            "rss_before_mib": rss_before,
-            "denoising_peak_mib": steps.denoising_peak_mib,
-            "rss_at_last_step_mib": steps.rss_at_last_step_mib,
-            "after_peak_mib": after_peak,
-            "peak_rss_mib": max(steps.denoising_peak_mib, after_peak),
-            "peak_reset": reset,
-            "subprocess_peak_mib": subprocess_peak.peak_mib,
-            "bytes": path.stat().st_size,
-            "frames": count_frames(path),
-            "expected_frames": kwargs["num_frames"],
-        }
+    return run_generation(
+        method, case.name, pipe, make_kwargs, case.warm_up_frames, **size, num_frames=case.num_frames
+    )
 
 
 class StepTimes:
@@ -252,7 +177,7 @@ def helios_call(method: str, pipe: Any, kwargs: dict[str, Any], path: Path) -> d
 
 
 def run_helios_child(method: str, case: HeliosCase) -> dict[str, Any]:
-    from tests._pipelines_clips import helios
+    from tests.pipelines.helios import helios
 
     torch.set_num_threads(THREADS)
     pipe, make_kwargs = helios()
@@ -263,21 +188,17 @@ def run_helios_child(method: str, case: HeliosCase) -> dict[str, Any]:
         path = Path(tmp) / "out.mp4"
         steps = StepTimes()
         kwargs = make_kwargs(**size, num_frames=case.num_frames, callback_on_step_end=steps)
-        reset = reset_peak_rss()
-        rss_before, _ = memory_mib()
-        started = time.perf_counter()
-        times = helios_call(method, pipe, kwargs, path)
-        _, peak = memory_mib()
+        with measuring() as cost:
+            times = helios_call(method, pipe, kwargs, path)
         return {
             "method": method,
             "config": case.name,
             **times,
-            "step_ends": [at - started for at in steps.at],
-            "rss_before_mib": rss_before,
-            "peak_rss_mib": peak,
-            "peak_reset": reset,
-            "bytes": path.stat().st_size,
-            "frames": count_frames(path),
+            "step_ends": [at - cost.started for at in steps.at],
+            "rss_before_mib": cost.rss_before_mib,
+            "peak_rss_mib": cost.peak_rss_mib,
+            "peak_reset": cost.peak_reset,
+            **written(path),
             "expected_frames": case.frames,
         }
 
@@ -289,43 +210,20 @@ def run_helios_child(method: str, case: HeliosCase) -> dict[str, Any]:
 
 def spawn(method: str, case: WanCase | HeliosCase) -> dict[str, Any]:
     kind = "wan" if isinstance(case, WanCase) else "helios"
-    command = [
-        sys.executable,
-        __file__,
-        "--child",
-        method,
-        "--kind",
-        kind,
-        "--case",
-        json.dumps(asdict(case)),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode:
-        sys.exit(f"{method} {case.name} failed:\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    if result["frames"] != result["expected_frames"]:
-        sys.exit(
-            f"{method} {case.name}: the MP4 has {result['frames']} frames, not {result['expected_frames']}"
-        )
-    return result
+    command = [__file__, "--child", method, "--kind", kind, "--case", json.dumps(asdict(case))]
+    return spawn_child(command, f"{method} {case.name}")
+
+
+def summary(run: dict[str, Any]) -> str:
+    first = f", first byte {run['first_byte']:.2f} s" if "first_byte" in run else ""
+    wall = run.get("wall", run.get("total"))
+    return f"{wall:.2f} s{first}, peak RSS {run['peak_rss_mib']:.0f} MiB, {run['frames']} frames"
 
 
 def measure(case: WanCase | HeliosCase, repeats: int) -> Runs:
     """``repeats`` runs of each way, alternating (today, streamvae, today, …), each in a fresh process."""
     methods = METHODS if isinstance(case, WanCase) else HELIOS_METHODS
-    runs: Runs = {method: [] for method in methods}
-    for repeat in range(repeats):
-        for method in methods:
-            result = spawn(method, case)
-            runs[method].append(result)
-            first = f", first byte {result['first_byte']:.2f} s" if "first_byte" in result else ""
-            wall = result.get("wall", result.get("total"))
-            print(
-                f"{case.name} {repeat + 1}/{repeats} {method}: {wall:.2f} s{first}, peak RSS "
-                f"{result['peak_rss_mib']:.0f} MiB, {result['frames']} frames",
-                flush=True,
-            )
-    return runs
+    return side_by_side(case.name, methods, repeats, lambda method: spawn(method, case), summary)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -529,7 +427,7 @@ runs small-channel conv3d through its slow im2col path either way), `bench/gener
 
 ### Helios: the first byte while the pipeline still denoises
 
-`HeliosPipeline` from `tests/_pipelines_clips.py`'s `helios` builder (diffusers' tiny Helios transformer,
+`HeliosPipeline` from `tests/pipelines/helios.py`'s `helios` builder (diffusers' tiny Helios transformer,
 `tiny_wan21` VAE), {helios_case.size}×{helios_case.size}, `num_frames` {helios_case.num_frames}:
 {helios_case.chunks} chunks of 9 latent frames, each denoised (2 steps, guidance 5.0) and then decoded alone
 into 33 frames inside the chunk loop; the {33 * helios_case.chunks} decoded frames are cut to
@@ -560,24 +458,16 @@ def plot(wan: dict[str, Runs], cases: tuple[WanCase, ...], helios: Runs | None, 
         xs = [i + offset for i in range(len(shown))]
         steps = [median(wan[c.name][method], "denoising_seconds") for c in shown]
         walls = [median(wan[c.name][method], "wall") for c in shown]
-        wall_ax.bar(xs, steps, width, color=colors[method], alpha=0.35)
-        after = [w - d for w, d in zip(walls, steps, strict=True)]
-        bars = wall_ax.bar(xs, after, width, bottom=steps, color=colors[method], label=names[method])
-        wall_ax.bar_label(bars, labels=[f"{w:.0f}" for w in walls], fontsize=7)
+        style = {"color": colors[method], "label": names[method]}
+        stacked_bars(wall_ax, xs, steps, walls, width, [f"{w:.0f}" for w in walls], **style)
         before = [median(wan[c.name][method], "rss_before_mib") for c in shown]
         peaks = [median(wan[c.name][method], "peak_rss_mib") for c in shown]
-        rss_ax.bar(xs, before, width, color=colors[method], alpha=0.35)
-        grown = [p - b for p, b in zip(peaks, before, strict=True)]
-        bars = rss_ax.bar(xs, grown, width, bottom=before, color=colors[method], label=names[method])
-        rss_ax.bar_label(bars, labels=[f"{p:.0f}" for p in peaks], fontsize=7)
+        stacked_bars(rss_ax, xs, before, peaks, width, [f"{p:.0f}" for p in peaks], **style)
     labels = [c.name.replace("wan ", "Wan\n") for c in shown]
-    wall_ax.set_ylabel("wall time of the call (s)")
-    wall_ax.set_title("Wan: wall time (pale: the denoising)")
-    rss_ax.set_ylabel("peak RSS of the process (MiB)")
-    rss_ax.set_title("Wan: peak RSS during the call (pale: RSS before it)")
+    label_panel(wall_ax, "wall time of the call (s)", "Wan: wall time (pale: the denoising)", labels)
+    rss_title = "Wan: peak RSS during the call (pale: RSS before it)"
+    label_panel(rss_ax, "peak RSS of the process (MiB)", rss_title, labels)
     for ax in (wall_ax, rss_ax):
-        ax.set_xticks(range(len(shown)), labels, fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
         ax.set_ylim(0, ax.get_ylim()[1] * 1.25)
         ax.legend(fontsize=7, loc="upper right")
     if helios:

@@ -17,7 +17,6 @@ session. Each repetition runs every (frames, size) with both modes, their order 
 from __future__ import annotations
 
 import argparse
-import io
 import statistics
 import struct
 import sys
@@ -27,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-import av
 import torch
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import count_frames
 from _report import write_section
 
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream, decode_to_mp4, open_latent_stream
@@ -125,11 +124,6 @@ def measure(mode: str, vae: object, z: Tensor) -> Run:
     probe = anyio.run(RUNNERS[mode], vae, z)
     assert probe.wall is not None and probe.first_byte is not None and probe.first_frame is not None
     return Run(probe.wall, probe.first_byte, probe.first_frame, count_frames(bytes(probe.data)))
-
-
-def count_frames(data: bytes) -> int:
-    with av.open(io.BytesIO(data), "r") as container:
-        return len(list(container.decode(video=0)))
 
 
 def main() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ import anyio
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _harness import memory_mib, spawn_child
 from _report import write_section
 
 from streamvae import decode_to_mp4, quantize_chunk, stream_mp4
@@ -84,13 +84,6 @@ def build(device: str) -> tuple[Any, torch.Tensor]:
     return AutoencoderKLWan().eval().to(device), torch.Generator().manual_seed(0)  # type: ignore[return-value]
 
 
-def peak_rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def run_child(
     mode: str, shape: tuple[int, ...], device: str, baseline: str = "export_to_video"
 ) -> dict[str, Any]:
@@ -137,7 +130,7 @@ def run_child(
             result["bytes"] = anyio.run(stream)
             result["first_byte_seconds"] = first[0]
     result["wall"] = time.perf_counter() - started
-    result["peak_rss_mib"] = peak_rss_mib()
+    result["peak_rss_mib"] = memory_mib()[1]
     return result
 
 
@@ -178,16 +171,10 @@ def main() -> None:
     print(f"baseline: {BASELINES[baseline]}", flush=True)
 
     results = {}
-    command = [sys.executable, __file__, "--latent", args.latent, "--device", args.device]
+    command = [__file__, "--latent", args.latent, "--device", args.device]
     for mode in ("baseline", "streamed", "fragmented"):
         print(f"running {mode} …", flush=True)
-        out = subprocess.run(
-            [*command, "--baseline", baseline, "--child", mode],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout
-        results[mode] = json.loads(out.strip().splitlines()[-1])
+        results[mode] = spawn_child([*command, "--baseline", baseline, "--child", mode], mode)
         print(results[mode], flush=True)
     print("checking exactness …", flush=True)
     equal, delta, levels = exactness(shape, args.device)

@@ -213,7 +213,9 @@ def _public_sources(app: Sphinx) -> None:
         merged.analyze()
         for name in module.__all__:
             obj = getattr(module, name)
-            for home_name in [m for m in sys.modules if m.startswith(f"{public_module}._")]:
+            # every error is defined in streamvae._errors, whichever public module exports it
+            homes = [m for m in sys.modules if m.startswith(f"{public_module}._")] + ["streamvae._errors"]
+            for home_name in homes:
                 if getattr(sys.modules[home_name], name, None) is not obj:
                     continue
                 home = ModuleAnalyzer.for_module(home_name)

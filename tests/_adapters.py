@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from typing import Any
 
-import pytest
 import torch
 from accelerate.hooks import ModelHook, add_hook_to_module
 from torch import Tensor
 
-from streamvae.models import ChunkedDecoder, chunked_decoder
+from streamvae.models import ChunkedDecoder
 from streamvae.testing import ChunkedDecoderReport, check_chunked_decoder
-
-
-@pytest.fixture(scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Tiny convolutions run faster on one thread; two stall badly when another process holds a core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def reference(vae: Any, z: Tensor, *args: Any, **kwargs: Any) -> Tensor:
@@ -46,6 +36,25 @@ def conforms(
     return check_chunked_decoder(adapter, z, reference=expected)
 
 
+def check_later_latents_leave_frames(
+    vae: Any, z: Tensor, kept: list[tuple[int, int]], *, moved: tuple[int, int] | None = None
+) -> None:
+    """The rule a causal family's adapter builds on, checked on diffusers itself: for each
+    ``(first_later_latent, frames)`` in ``kept``, changing every latent from ``first_later_latent`` on leaves
+    the first ``frames`` frames of ``vae.decode`` bit-identical. ``moved=(latent, frame)``: changing that
+    latent alone moves that frame (GroupNorm spans a decoder call, so nothing in it is final early)."""
+    full = reference(vae, z)
+    for first_later_latent, frames in kept:
+        later = z.clone()
+        later[:, :, first_later_latent:] += 1.0
+        assert torch.equal(reference(vae, later)[:, :, :frames], full[:, :, :frames])
+    if moved is not None:
+        latent, frame = moved
+        inside = z.clone()
+        inside[:, :, latent] += 1.0
+        assert not torch.equal(reference(vae, inside)[:, :, frame], full[:, :, frame])
+
+
 def check_batch_chunks(
     adapter: ChunkedDecoder, z: Tensor, frames: list[int], *, use_slicing: bool, tiles: int = 1
 ) -> None:
@@ -57,6 +66,29 @@ def check_batch_chunks(
     assert [tuple(chunk.shape[:3]) for chunk in report.chunks] == [(batch, 3, count) for count in frames]
     calls = (batch if use_slicing else 1) * tiles
     assert report.decoder_calls == [calls * (step + 1) for step in range(len(frames))]
+
+
+def check_whole_clip(
+    adapter: ChunkedDecoder, z: Tensor, frames: list[int], *, use_slicing: bool | None = None
+) -> None:
+    """A family that decodes the whole clip in one decoder call (one an entry with ``use_slicing``) before
+    its first chunk: chunks of ``frames`` frames, each holding the whole batch; it does not stream."""
+    if use_slicing is not None:
+        adapter.vae.use_slicing = use_slicing
+    report = conforms(adapter, z)
+    batch = z.shape[0]
+    assert [tuple(chunk.shape[:3]) for chunk in report.chunks] == [(batch, 3, count) for count in frames]
+    calls = batch if adapter.vae.use_slicing else 1
+    assert report.decoder_calls == [calls] * len(frames)  # one decoder call over the clip, before any chunk
+    assert adapter.output_frames(z.shape[2]) == sum(frames) and not adapter.streams
+
+
+def enable_square_tiles(vae: Any, **settings: float) -> None:
+    """``vae.enable_tiling`` with each ``tile_<name>_height`` / ``tile_<name>_width`` pair its family takes
+    set alike: ``sample_min=24, sample_stride=16`` gives tiles of 24 × 24 pixels every 16 across and down."""
+    vae.enable_tiling(
+        **{f"tile_{name}_{side}": value for name, value in settings.items() for side in ("height", "width")}
+    )
 
 
 def check_tiling_matters(vae: Any, z: Tensor) -> None:
@@ -97,20 +129,6 @@ def check_window_rule(vae: Any, z: Tensor, kept: list[int]) -> None:
     moved = z.clone()
     moved[:, :, -1] += 1.0
     assert not torch.equal(reference(vae, moved)[:, :, :1], reference(vae, z)[:, :, :1])
-
-
-def check_registry(vae: Any, adapter_type: type[ChunkedDecoder], latent_channels: int) -> None:
-    """``chunked_decoder`` wraps ``vae`` itself in ``adapter_type``, which describes its latents and, its
-    decoder not being causal across calls, refuses latents in pieces naming the families that take them."""
-    adapter = chunked_decoder(vae)
-    assert type(adapter) is adapter_type and adapter.vae is vae
-    assert (adapter.chunk_value_range, adapter.latent_channels, adapter.is_output_rank) == (
-        (-1, 1),
-        latent_channels,
-        True,
-    )
-    with pytest.raises(TypeError, match="cannot decode latents in pieces .*AutoencoderKLWan"):
-        adapter.start(1, 2, 2)
 
 
 class FrameVAE(torch.nn.Module):

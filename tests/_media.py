@@ -6,6 +6,7 @@ import io
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 
 import av
 import numpy as np
@@ -107,7 +108,10 @@ def bt709_luma(rgb: np.ndarray) -> np.ndarray:
     return np.stack([p[:height] for p in planes])
 
 
-def frame_sizes(data: bytes) -> list[tuple[int, int]]:
-    """(height, width) of every frame an MP4 decodes to, in order."""
-    with av.open(io.BytesIO(data)) as container:
-        return [(frame.height, frame.width) for frame in container.decode(video=0)]
+def count_frames(mp4: bytes | Path | str) -> int:
+    """Video frames PyAV decodes from an MP4: its bytes (a fragmented one may be any prefix of whole
+    fragments received so far; none is 0 frames) or its path."""
+    if isinstance(mp4, bytes) and not mp4:
+        return 0
+    with av.open(io.BytesIO(mp4) if isinstance(mp4, bytes) else str(mp4)) as container:
+        return sum(1 for _ in container.decode(video=0))

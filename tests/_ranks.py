@@ -3,9 +3,9 @@
 Importing torch and diffusers costs ~8 s a process on a 2-core CPU, more than most scenarios take, so
 every launch is paid for once where it can be:
 
-- :func:`spawn_ranks` forks each rank from one forkserver that imported them once for the whole run: a
-  rank is still a fresh process of its own (no thread, lock or process group of the test process comes
-  with it), started in milliseconds instead of seconds.
+- :func:`spawn_ranks` forks each rank from the suite's forkserver (tests/_forkserver.py), which imported
+  them once for the whole run: a rank is still a fresh process of its own (no thread, lock or process
+  group of the test process comes with it), started in milliseconds instead of seconds.
 - :func:`run_torchrun_jobs` runs several jobs (``-m streamvae decode …``, an example script) one after the
   other in one ``torchrun`` launch, whose ranks each import once. This file is the program those ranks run
   (``python -m tests._ranks JOBS.json``); each job's output and exit status are its own.
@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import multiprocessing.context
 import os
-import runpy
 import subprocess
 import sys
 import time
@@ -30,34 +28,18 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import Tensor
 
+from tests._forkserver import context as rank_context  # tests start their ranks' events from it
+from tests._forkserver import run_as_main
 from tests._media import read_luma
-
-# What every rank imports, imported once in the forkserver that forks them.
-_PRELOAD = [
-    "torch.distributed",
-    "diffusers",
-    "streamvae",
-    "streamvae.distributed",
-    "tests._vaes",
-    "tests._media",
-]
-
-
-def rank_context() -> multiprocessing.context.ForkServerContext:
-    """The multiprocessing context ranks start from (for the events a test shares with its ranks)."""
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(_PRELOAD)  # used when the server starts: the first call of the run
-    return context
 
 
 def spawn_ranks(world: int, target: Callable[..., None], args: tuple[Any, ...], *, deadline_s: float) -> None:
     """Run ``target(rank, *args)`` in ``world`` new processes and wait for all of them.
 
     A rank still running ``deadline_s`` seconds after the start is killed and fails the test ("a rank
-    hung"), as does a rank whose exit code is not 0. Forked from the forkserver of :func:`rank_context`,
+    hung"), as does a rank whose exit code is not 0. Forked from the suite's forkserver,
     never from the test process: torch's and the event loops' threads do not survive a fork.
     """
     context = rank_context()
@@ -150,7 +132,7 @@ def _run_jobs(spec: Path) -> int:
     jobs: dict[str, list[str]] = json.loads(spec.read_text())
     for index, (name, job) in enumerate(jobs.items()):
         with open(f"{name}.rank{rank}.out", "w") as stdout, contextlib.redirect_stdout(stdout):
-            status = _run_as_main(job)
+            status = run_as_main(job)
         Path(f"{name}.rank{rank}.status").write_text(str(status))
         if status != 0:
             print(f"tests._ranks: job {name!r} exited with status {status} on rank {rank}", file=sys.stderr)
@@ -159,23 +141,6 @@ def _run_jobs(spec: Path) -> int:
             why = "destroyed the default process group: it must be the last job of its launch"
             print(f"tests._ranks: job {name!r} {why}", file=sys.stderr)
             return 1
-    return 0
-
-
-def _run_as_main(job: list[str]) -> int:
-    """Run ``job`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``) as ``__main__``; its exit status, as Python's."""
-    try:
-        if job[0] == "-m":
-            sys.argv = job[1:]
-            runpy.run_module(job[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(job)
-            runpy.run_path(job[0], run_name="__main__")
-    except SystemExit as exit:
-        if exit.code is None or isinstance(exit.code, int):
-            return exit.code or 0
-        print(exit.code, file=sys.stderr)  # SystemExit("message"): printed, status 1
-        return 1
     return 0
 
 

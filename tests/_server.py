@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import anyio.from_thread
+import anyio.to_thread
 import httpx
 import uvicorn
 
@@ -127,3 +128,16 @@ async def get_once(app: Any, path: str) -> httpx.Response:
     with running_server(app) as url:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             return await client.get(path)
+
+
+async def wait_for(events: EventLog, kind: str, count: int = 1) -> None:
+    """Wait, from an async test, until ``events`` has seen ``count`` events of ``kind``."""
+    await anyio.to_thread.run_sync(lambda: events.wait_for(kind, count))
+
+
+async def fetch(client: httpx.AsyncClient, url: str) -> bytes:
+    """The whole body of an H.264 video response to a GET of ``url``."""
+    async with client.stream("GET", url) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith('video/mp4; codecs="avc1.')
+        return b"".join([data async for data in response.aiter_raw()])

@@ -9,6 +9,7 @@ outputs span the value range, vary over space and time, and a share of them hits
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -102,6 +103,16 @@ def tiny_qwen_image(seed: int = 3) -> AutoencoderKLQwenImage:
     vae = AutoencoderKLQwenImage(**TINY_VAE_CONFIGS["wan21"])
     _randomize(vae, seed)
     return vae.eval()
+
+
+def family_latents(channels: int, *, frames: int, size: int) -> Callable[..., torch.Tensor]:
+    """``latent(batch=1, frames=frames, size=size, seed=0)``: a seeded standard-normal latent
+    [batch, channels, frames, size, size] for a family's tests, with that file's defaults."""
+
+    def latent(batch: int = 1, frames: int = frames, size: int = size, seed: int = 0) -> torch.Tensor:
+        return torch.randn(batch, channels, frames, size, size, generator=torch.Generator().manual_seed(seed))
+
+    return latent
 
 
 def latent(

@@ -1,11 +1,19 @@
-"""Every async test runs on asyncio and trio (anyio's pytest plugin, parametrized by ``anyio_backend``)."""
+"""Every async test runs on asyncio and trio (anyio's pytest plugin, parametrized by ``anyio_backend``).
+
+The fixtures several test modules share are written beside their helpers (tests/_browser.py,
+tests/_websocket.py) and imported here, so pytest finds them for every module.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests._adapters import one_torch_thread  # noqa: F401  (a fixture the adapter tests share)
+from tests._browser import chromium_fixture  # noqa: F401  (the browser tests' fixture chromium)
+from tests._websocket import (  # noqa: F401  (fixtures the WebSocket tests share: vae, no_leaks)
+    demo_vae_fixture,
+    no_leaks_fixture,
+)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -4,7 +4,7 @@ Opus, over HTTP and through the WebSocket's Media Source buffer, with sound.
 AV1: the server is the command itself, in a child process whose PyAV cannot open those encoders
 (``tests/_absent_encoders``). VP9 (SVT-AV1 absent too): the same app in this process, under uvicorn, with
 the same PyAV patch (a second child would cost its ~10 s start again). The browser and its DevTools client
-are tests/test_browser.py's.
+are tests/_browser.py's.
 """
 
 from __future__ import annotations
@@ -20,16 +20,8 @@ import pytest
 
 from streamvae.server import create_app
 from tests._absent_encoders import NO_GPL_NO_AAC, absent_encoders, child_environment
+from tests._browser import FPS, WAIT_FOR_END, WAIT_FOR_WS_PLAYBACK, end_process, first_line, page_at
 from tests._server import running_server
-from tests.test_browser import (  # noqa: F401  (chromium: the fixture)
-    FPS,
-    WAIT_FOR_END,
-    WAIT_FOR_WS_PLAYBACK,
-    chromium,
-    end_process,
-    first_line,
-    page_at,
-)
 
 pytestmark = pytest.mark.browser
 
@@ -77,7 +69,7 @@ def served(machine: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
 def test_chromium_plays_the_served_rung_with_opus_over_http_and_the_websocket(
-    chromium: str,  # noqa: F811
+    chromium: str,
     machine: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -490,33 +490,36 @@ def test_every_rank_runs_the_same_collectives(request: pytest.FixtureRequest, na
     assert collectives > steps * 2 and halos > 0
 
 
-def peers_stopped_together(scenario: Scenario, ranks: list[RankResult], chunk: int) -> list[RankResult]:
-    """Check every rank stopped after ``chunk`` at once and each non-output one raised PeerDecodeError.
-
-    Returns the non-output ranks, for the caller to check what their error says.
-    """
+def check_stopped_together(scenario: Scenario, ranks: list[RankResult], chunk: int, cause: str) -> None:
+    """Check every rank stopped after ``chunk`` at once and each non-output one raised PeerDecodeError
+    whose message says ``cause``."""
     for rank in ranks:
         assert rank.stats["stopped_at"] == chunk
         assert rank.stats["steps"] == chunk + 1
         assert rank.seconds < GLOO_TIMEOUT.total_seconds() / 2  # nobody waited out a collective
-    peers = others_of(scenario, ranks)
-    for rank in peers:
+    for rank in others_of(scenario, ranks):
         assert rank.error is not None and rank.error[0] == "PeerDecodeError"
         assert rank.peer_chunk == chunk
-    return peers
+        assert cause in rank.error[1]
 
 
-@pytest.mark.parametrize("name", [s.name for _, s in SCENARIOS.values() if s.fail_at is not None])
-def test_an_owner_whose_consumer_fails_stops_every_rank_at_that_chunk(
+@pytest.mark.parametrize(
+    "name", [s.name for _, s in SCENARIOS.values() if s.fail_at is not None or s.cancel_at is not None]
+)
+def test_an_owner_whose_consumer_fails_or_caller_is_cancelled_stops_every_rank_at_that_chunk(
     request: pytest.FixtureRequest, name: str
 ) -> None:
     scenario, ranks = results_of(request, name)
     owner = owner_of(scenario, ranks)
-    assert owner.error == ("EncoderFailed", f"the encoder failed at chunk {scenario.fail_at}")
-    assert owner.published == scenario.fail_at + 1  # the failing call included; none after it
-    assert scenario.fail_at + 1 < scenario.frames  # so stopping early is visible
-    for rank in peers_stopped_together(scenario, ranks, scenario.fail_at):
-        assert rank.error is not None and "EncoderFailed: the encoder failed" in rank.error[1]
+    if scenario.fail_at is not None:
+        assert owner.error == ("EncoderFailed", f"the encoder failed at chunk {scenario.fail_at}")
+        assert owner.published == scenario.fail_at + 1  # the failing call included; none after it
+        assert scenario.fail_at + 1 < scenario.frames  # so stopping early is visible
+        check_stopped_together(scenario, ranks, scenario.fail_at, "EncoderFailed: the encoder failed")
+    else:
+        assert scenario.cancel_at is not None
+        assert owner.cancelled and owner.error is None  # the caller sees its own cancellation, nothing else
+        check_stopped_together(scenario, ranks, scenario.cancel_at, "cancelled")
 
 
 def test_an_encoder_error_reaches_the_owner_caller_and_every_peer_stops(
@@ -546,17 +549,6 @@ def test_an_owner_whose_session_fails_after_the_last_step_stops_every_peer(
         assert rank.error is not None and rank.error[0] == "PeerDecodeError", rank.error
         assert f"after the decode's last chunk (3 chunks): SessionClosedError: {closed}" in rank.error[1]
         assert rank.peer_chunk == 3 and rank.stats["collectives"] == owner.stats["collectives"]
-
-
-@pytest.mark.parametrize("name", [s.name for _, s in SCENARIOS.values() if s.cancel_at is not None])
-def test_a_cancelled_owner_caller_stops_every_rank_at_that_chunk(
-    request: pytest.FixtureRequest, name: str
-) -> None:
-    scenario, ranks = results_of(request, name)
-    owner = owner_of(scenario, ranks)
-    assert owner.cancelled and owner.error is None  # the caller sees its own cancellation, nothing else
-    for rank in peers_stopped_together(scenario, ranks, scenario.cancel_at):
-        assert rank.error is not None and "cancelled" in rank.error[1]
 
 
 def test_a_non_finite_latent_is_refused_on_every_rank_before_any_collective(

@@ -336,24 +336,22 @@ def test_an_output_rank_whose_reader_closed_its_stream_names_that_to_the_other(
 
 
 @pytest.mark.parametrize("n", range(REPEATS))
-def test_the_output_ranks_own_exception_is_what_its_peer_is_told(
-    ranks: dict[str, list[RankResult]], n: int
+@pytest.mark.parametrize(
+    ("name", "raiser", "piece"), [("wan21_owner_raises", 0, 2), ("wan21_rank_1_raises", 1, 1)]
+)
+def test_a_ranks_own_exception_is_what_the_other_rank_is_told(
+    ranks: dict[str, list[RankResult]], name: str, raiser: int, piece: int, n: int
 ) -> None:
-    owner, peer = ranks[f"wan21_owner_raises_{n}"]
-    assert owner.error == ("RuntimeError", "rank 0's own code failed after piece 2"), owner.error
-    assert peer.error is not None and peer.error[0] == "PeerDecodeError", peer.error
-    assert "RuntimeError: rank 0's own code failed after piece 2" in peer.error[1], peer.error
-    assert "SessionClosedError" not in peer.error[1]
-
-
-@pytest.mark.parametrize("n", range(REPEATS))
-def test_a_peers_own_exception_is_what_the_output_rank_is_told(
-    ranks: dict[str, list[RankResult]], n: int
-) -> None:
-    owner, peer = ranks[f"wan21_rank_1_raises_{n}"]
-    assert peer.error == ("RuntimeError", "rank 1's own code failed after piece 1"), peer.error
-    assert owner.error is not None and owner.error[0] == "PeerDecodeError", owner.error
-    assert owner.peer_rank == 1 and "RuntimeError: rank 1's own code failed after piece 1" in owner.error[1]
+    owner, peer = ranks[f"{name}_{n}"]
+    failed, told = (owner, peer) if raiser == 0 else (peer, owner)
+    message = f"rank {raiser}'s own code failed after piece {piece}"
+    assert failed.error == ("RuntimeError", message), failed.error
+    assert told.error is not None and told.error[0] == "PeerDecodeError", told.error
+    assert f"RuntimeError: {message}" in told.error[1], told.error
+    if raiser == 0:  # the peer hears the owner's own error, not the session it closed on the way out
+        assert "SessionClosedError" not in told.error[1]
+    else:  # the output rank hears which rank failed
+        assert owner.peer_rank == 1
 
 
 def test_an_output_rank_whose_encoder_fails_stops_every_rank(ranks: dict[str, list[RankResult]]) -> None:

@@ -2,11 +2,17 @@
 
 A page is read as Markdown. Each fence has a language, and what is done with it depends on that language:
 
-- ``python``: a whole script, run with this interpreter in the page's own fresh directory (the blocks of a
-  page run in order there, so a later block sees the files an earlier one wrote); it must exit 0.
+- ``python``: a whole script, run as ``python SCRIPT`` runs it in the page's own fresh directory (the
+  blocks of a page run in order there, so a later block sees the files an earlier one wrote); it must
+  exit 0. Each block is a process of its own, forked from the suite's forkserver (tests/_forkserver.py),
+  which imported torch, diffusers and streamvae once: a fresh interpreter would spend ~3–8 s of a 2-core
+  CPU importing them again for every block. The process gets the ``sys.path``, environment, working
+  directory, exit status and stdout/stderr a fresh interpreter would have.
 - ``sh`` / ``bash``: each line is a command (a ``\\`` at the end continues it), run by bash in the page's
-  directory with this interpreter's ``bin`` first on PATH; it must exit 0. A ``make X`` line is checked
-  with ``make -n X`` in the repository (the target exists) instead of being run.
+  directory with this interpreter's ``bin`` first on PATH; it must exit 0. These stay real processes
+  (``streamvae …``, ``torchrun …``, ``python -c …`` start fresh interpreters): they are what the reader
+  types. A ``make X`` line is checked with ``make -n X`` in the repository (the target exists) instead
+  of being run.
 - ``json`` is parsed; ``text`` (output, diagrams) and the Sphinx directives ``{toctree}`` and ``{eval-rst}``
   are not run. Any other language, or none, fails.
 
@@ -45,6 +51,7 @@ import httpx
 import pytest
 
 import streamvae
+from tests._forkserver import Finished, run_main
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -52,14 +59,12 @@ PAGES = [
     ROOT / "README.md",
     *sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.relative_to(DOCS).parts),
 ]
-#: pages whose blocks take over 10 s on a 2-core CPU (several processes that import torch and diffusers)
+#: pages whose commands start fresh interpreters that import torch (``torchrun``, ``streamvae``, a server):
+#: 6–40 s each on a 2-core CPU; a page of python blocks alone takes 1–2 s (they fork from the forkserver)
 SLOW_PAGES = {
     "docs/distributed.md",
     "docs/guides/cli.md",
-    "docs/guides/decode-latents.md",
-    "docs/guides/latent-stream.md",
     "docs/guides/many-gpus.md",
-    "docs/guides/pipeline.md",
     "docs/guides/realtime.md",
     "docs/guides/serve.md",
 }
@@ -154,19 +159,36 @@ def text(output: str | bytes | None) -> str:
 
 
 def run(command: list[str], block: Block, cwd: Path) -> None:
+    """Run ``command`` (bash, or ``make -n``) in a process of its own; the block fails unless it exits 0."""
     try:
         result = subprocess.run(
             command, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=BLOCK_TIMEOUT
         )
     except subprocess.TimeoutExpired as error:
-        output = [text(part) for part in (error.output, error.stderr)]
+        finished = Finished(None, text(error.output), text(error.stderr))
+    else:
+        finished = Finished(result.returncode, result.stdout, result.stderr)
+    check_exit(finished, command[-1], block)
+
+
+def run_python(script: Path, block: Block) -> None:
+    """``python SCRIPT`` in the script's folder, forked from the suite's forkserver (tests/_forkserver.py):
+    what a fresh interpreter would do, less its ~3–8 s of importing torch and diffusers again."""
+    finished = run_main([script.name], cwd=script.parent, env=environment(), timeout_s=BLOCK_TIMEOUT)
+    check_exit(finished, script.name, block)
+
+
+def check_exit(finished: Finished, name: str, block: Block) -> None:
+    """The block fails unless ``name`` exited 0 within the hang guard; the message has what it wrote."""
+    if finished.status is None:
         pytest.fail(
-            f"{block.where}: {command[-1]!r} still running after {BLOCK_TIMEOUT} s:\n" + "\n".join(output)
+            f"{block.where}: {name!r} still running after {BLOCK_TIMEOUT} s:\n"
+            f"{finished.stdout}\n{finished.stderr}"
         )
-    if result.returncode != 0:
+    if finished.status != 0:
         pytest.fail(
-            f"{block.where}: {command[-1]!r} exited with {result.returncode}\n"
-            f"--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+            f"{block.where}: {name!r} exited with {finished.status}\n"
+            f"--- stdout\n{finished.stdout}\n--- stderr\n{finished.stderr}"
         )
 
 
@@ -267,7 +289,7 @@ def test_every_block_of_the_page_runs(page: Path, tmp_path: Path) -> None:
             elif block.language == "python":
                 script = tmp_path / f"block-{block.line}.py"
                 script.write_text(code)
-                run([sys.executable, script.name], block, tmp_path)
+                run_python(script, block)
             elif block.language in {"sh", "bash"} and "serve" in block.marks:
                 port = free_port()
                 (command,) = commands_of(block)

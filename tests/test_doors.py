@@ -705,7 +705,11 @@ def test_a_ring_of_a_bad_depth_is_a_value_error_naming_the_ring(depth: object) -
         PinnedChunkRing(depth)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("device", ["gpu", "", None, 3, True, "meta", object(), "cuda:99"], ids=repr)
+@pytest.mark.parametrize(
+    "device",
+    ["gpu", "", None, 3, True, "meta", object(), "cuda:99"],
+    ids=lambda device: "object()" if type(device) is object else repr(device),  # the same id in every worker
+)
 def test_a_ring_on_a_device_it_cannot_copy_from_is_a_value_error_naming_the_ring(device: object) -> None:
     with pytest.raises(ValueError, match="^PinnedChunkRing: device"):
         PinnedChunkRing(2, device)  # type: ignore[arg-type]

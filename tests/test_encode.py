@@ -17,7 +17,7 @@ import pytest
 from streamvae._codec_options import merge_codec_options
 from streamvae._encode import EntryEncoder
 from streamvae._fragments import FragmentCutter, MP4Piece
-from tests._media import DETERMINISTIC_X264, moving_pattern, psnr, read_mp4, to_rgb_uint8
+from tests._media import DETERMINISTIC_X264, count_frames, moving_pattern, psnr, read_mp4, to_rgb_uint8
 
 FRAMES = np.random.default_rng(0).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8)
 
@@ -137,12 +137,6 @@ def _track_samples(data: bytes, start: int, end: int) -> int:
     return samples
 
 
-def decoded_frames(data: bytes) -> int:
-    """Frames PyAV decodes from the bytes of a fragmented MP4 received so far."""
-    with av.open(io.BytesIO(data)) as container:
-        return sum(1 for _ in container.decode(video=0))
-
-
 CLIP = np.ascontiguousarray(to_rgb_uint8(moving_pattern(0, 25, height=64, width=96))[0])
 GROUPS = [1, 4, 4, 4, 4, 4, 4]  # how a causal VAE publishes 25 frames
 
@@ -157,7 +151,7 @@ def test_a_groups_frames_leave_with_the_next_groups_first_frame() -> None:
             if start:
                 # the next group's first frame alone: every frame before it must be out
                 received += joined(encoder.encode(CLIP[start : start + 1]))
-                assert decoded_frames(received) == sum(fragment_frames(received)) == start
+                assert count_frames(received) == sum(fragment_frames(received)) == start
                 assert encoder.frames_out == start
             received += joined(encoder.encode(CLIP[start + (start > 0) : start + size]))
             start += size
@@ -211,7 +205,7 @@ def test_fragmented_output_defaults_to_zerolatency_and_a_users_tune_replaces_it(
     try:
         # zerolatency: frame 0's packet comes with frame 0, so frame 1 closes its fragment
         assert encoder.encode(CLIP[:1]) == []  # the moov waits for the first fragment
-        assert decoded_frames(joined(encoder.encode(CLIP[1:2]))) == 1
+        assert count_frames(joined(encoder.encode(CLIP[1:2]))) == 1
     finally:
         encoder.close()
 

@@ -37,7 +37,7 @@ from streamvae import (
     StreamVAEError,
     _codec_options,
 )
-from streamvae._codec_options import VIDEO_LADDER, auto_codec_options, check_video_codec
+from streamvae._codec_options import VIDEO_RUNGS, auto_codec_options, check_video_codec, video_rung
 from streamvae._encode import EntryEncoder
 from streamvae._fragments import codec_string
 from streamvae.cli import main
@@ -46,6 +46,9 @@ from streamvae.testing import open_containers
 from tests._absent_encoders import NO_GPL_NO_AAC, absent_encoders, child_environment
 from tests._media import moving_pattern, psnr, read_mp4, to_rgb_uint8, wan_like_chunks
 from tests._server import running_server
+
+#: the ladder's encoders, in the order video_codec="auto" climbs them
+LADDER = tuple(rung.name for rung in VIDEO_RUNGS)
 
 FPS, SIZE, RATE = 16, 64, 44_100
 #: what each machine lacks → the rung that opens there and how its codec string starts
@@ -236,7 +239,7 @@ async def test_a_named_encoder_that_is_missing_is_refused_before_any_work(
 async def test_without_any_encoder_one_error_names_every_rung_tried(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    absent_encoders(monkeypatch, VIDEO_LADDER)
+    absent_encoders(monkeypatch, LADDER)
     output = tmp_path / "x.mp4"
     with pytest.raises(NoEncoderError) as raised:
         async with ChunkedVideoMP4Session(
@@ -246,9 +249,9 @@ async def test_without_any_encoder_one_error_names_every_rung_tried(
             await session.finish()
     error = raised.value
     assert isinstance(error, StreamVAEError) and isinstance(error, RuntimeError)
-    assert [codec for codec, _ in error.tried] == list(VIDEO_LADDER)  # NVENC included, in order
+    assert [codec for codec, _ in error.tried] == list(LADDER)  # NVENC included, in order
     assert str(error).startswith("no video encoder works in this PyAV build (FFmpeg ")
-    assert "; ".join(f"{codec}: not an encoder of this PyAV build" for codec in VIDEO_LADDER) in str(error)
+    assert "; ".join(f"{codec}: not an encoder of this PyAV build" for codec in LADDER) in str(error)
     assert str(pickle.loads(pickle.dumps(error))) == str(error)  # it crosses to another rank whole
     assert list(tmp_path.iterdir()) == [] and open_containers() == 0
 
@@ -279,6 +282,9 @@ def test_every_rung_sends_each_frame_with_the_next_one_in_fragmented_output(rung
     data = b"".join(piece.data for piece in [*pieces, *encoder.finish()])
     assert encoder.frames_out == 6 and encoder.encoder_name == rung
     assert psnr(read_mp4(data).frames, frames) > 25
+    record = video_rung(rung)
+    assert record is not None and pieces[0].codecs is not None
+    assert pieces[0].codecs.startswith(f"{record.codecs}.")  # the codec string the rung table gives
 
 
 NEUTRAL_VALUES = [
@@ -398,14 +404,14 @@ def test_the_demo_command_writes_av1_where_x264_and_aac_are_absent(tmp_path: Pat
 def test_the_command_without_any_encoder_says_so_in_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    absent_encoders(monkeypatch, VIDEO_LADDER)
+    absent_encoders(monkeypatch, LADDER)
     output = tmp_path / "demo.mp4"
     assert main(["demo", "-o", str(output), "--frames", "5", "--size", "32", "--quiet"]) == 1
     err = capsys.readouterr().err
     assert (
         err.startswith("streamvae: error: no video encoder works in this PyAV build") and err.count("\n") == 1
     )
-    assert all(f"{codec}: not an encoder" in err for codec in VIDEO_LADDER)
+    assert all(f"{codec}: not an encoder" in err for codec in LADDER)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -17,7 +17,7 @@ from streamvae.models import as_decoder
 from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.pipelines._capture import run_to_decode
 from tests._media import DETERMINISTIC_X264, read_mp4
-from tests._pipelines import BUILDERS
+from tests.pipelines import CORE as BUILDERS
 
 pytestmark = pytest.mark.anyio
 

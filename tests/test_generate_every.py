@@ -22,15 +22,12 @@ from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.pipelines._capture import ClipSink, _ClipKeeper
 from streamvae.pipelines._plans import Clips, PipelinePlan, find_plan, plans
 from tests._media import bt709_luma, read_luma, read_mp4
-from tests._pipelines_clips import BUILDERS as CLIP_BUILDERS
-from tests._pipelines_extra import BUILDERS as EXTRA_BUILDERS
-from tests._pipelines_modular import BUILDERS as MODULAR_BUILDERS
-from tests._pipelines_more import BUILDERS as MORE_BUILDERS
+from tests.pipelines import BUILDERS, CORE
 
 pytestmark = pytest.mark.anyio
 
 LOSSLESS = {"video_codec_options": {"threads": "1", "crf": "0"}}  # lossless luma, deterministic
-NEW = {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS, **MODULAR_BUILDERS}
+NEW = {name: builder for name, builder in BUILDERS.items() if name not in CORE}  # CORE: test_generate.py
 #: builders of pipelines streamvae refuses (test_a_refused_pipeline_... says why)
 REFUSED = {
     "framepack": "blends each decoded section",

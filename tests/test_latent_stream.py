@@ -36,7 +36,7 @@ from tests._adapters import FrameDecoder, FrameVAE
 from tests._media import DETERMINISTIC_X264, read_mp4
 from tests._vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 
-pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("one_torch_thread")]
+pytestmark = pytest.mark.anyio
 
 FAMILIES: dict[str, Callable[[], nn.Module]] = {
     "wan21": tiny_wan21,

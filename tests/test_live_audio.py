@@ -18,7 +18,7 @@ import torch
 from streamvae import ChunkedVideoMP4Session, MP4Piece, SessionClosedError, SessionOptions, open_latent_stream
 from streamvae._encode import EntryEncoder
 from streamvae._live_audio import LiveAudioTrack
-from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4
+from tests._media import DETERMINISTIC_X264, count_frames, moving_pattern, read_mp4
 from tests._vaes import latent, tiny_wan21
 
 pytestmark = pytest.mark.anyio
@@ -54,8 +54,7 @@ def uneven_cuts(start: int, end: int, seed: int) -> list[tuple[int, int]]:
 
 def decoded(data: bytes) -> tuple[int, np.ndarray]:
     """(video frames, audio samples [channels, n]) PyAV decodes from ``data``."""
-    with av.open(io.BytesIO(data)) as container:
-        frames = sum(1 for _ in container.decode(video=0))
+    frames = count_frames(data)
     with av.open(io.BytesIO(data)) as container:
         if not container.streams.audio:
             return frames, np.zeros((1, 0), np.float32)
@@ -261,15 +260,14 @@ async def test_a_track_never_pushed_is_too_short() -> None:
 # -- memory --
 
 
+def live_encoder(track: LiveAudioTrack, **options: Any) -> EntryEncoder:
+    """An encoder of FPS frames a second whose sound is ``track``, at RATE."""
+    return EntryEncoder(fps=Fraction(FPS), audio_sample_rate=RATE, live_audio=track, **options)
+
+
 def test_the_encoder_drops_what_it_encoded_and_never_runs_ahead_of_the_video() -> None:
-    track = LiveAudioTrack(0, 1)
-    encoder = EntryEncoder(
-        fps=Fraction(FPS),
-        output="fragmented",
-        audio_sample_rate=RATE,
-        live_audio=track,
-        video_codec_options=DETERMINISTIC_X264,
-    )
+    track = LiveAudioTrack(1)
+    encoder = live_encoder(track, output="fragmented", video_codec_options=DETERMINISTIC_X264)
     frames = np.zeros((1, 32, 32, 3), np.uint8)
     try:
         for index in range(64):
@@ -277,8 +275,8 @@ def test_the_encoder_drops_what_it_encoded_and_never_runs_ahead_of_the_video() -
             encoder.encode(frames)
             assert track.pushed - track.buffered == (index + 1) * PER_FRAME  # encoded up to the video
         encoder.close()
-        fresh = LiveAudioTrack(0, 1)
-        encoder = EntryEncoder(fps=Fraction(FPS), audio_sample_rate=RATE, live_audio=fresh)
+        fresh = LiveAudioTrack(1)
+        encoder = live_encoder(fresh)
         for _ in range(64):
             fresh.append(sine(PER_FRAME)[None])
             encoder.encode(frames)
@@ -403,7 +401,7 @@ async def test_a_call_that_cannot_feed_a_live_track_refuses_it_before_any_work()
     from streamvae import decode_to_mp4, stream_mp4
     from streamvae.demo import demo_latent, demo_vae
     from streamvae.pipelines import generate_mp4
-    from tests._pipelines import wan21
+    from tests.pipelines.wan import wan21
 
     vae, z = demo_vae(), demo_latent(5, 16)
     live = {"audio_channels": 1, "audio_sample_rate": 48_000}

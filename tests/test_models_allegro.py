@@ -14,14 +14,10 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_allegro import AutoencoderKLAllegro
 from torch import Tensor
 
-import streamvae
 from streamvae.models.allegro import AllegroChunkedDecoder
-from tests._adapters import check_registry, conforms, reference
-from tests._media import frame_sizes
+from tests._adapters import conforms, reference
 from tests._vaes import set_allegro_tiles as set_tiles
 from tests._vaes import tiny_allegro as tiny_vae
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def latent(batch: int = 1, frames: int = 7, height: int = 4, seed: int = 0) -> Tensor:
@@ -183,20 +179,3 @@ def test_streams_and_output_frames_follow_the_vae() -> None:
     adapter = AllegroChunkedDecoder(vae)
     assert adapter.streams
     assert adapter.output_frames(7) == bcthw(vae, latent()).shape[2] == 28
-
-
-def test_registry_returns_the_adapter() -> None:
-    check_registry(tiny_vae(), AllegroChunkedDecoder, latent_channels=4)
-
-
-@pytest.mark.anyio
-async def test_decode_to_mp4_writes_every_frame() -> None:
-    vae = tiny_vae()
-    z = latent(batch=2, frames=5)
-    expected = bcthw(vae, z)
-    videos = await streamvae.decode_to_mp4(
-        AllegroChunkedDecoder(vae), z, fps=8, video_codec_options={"threads": "1"}
-    )
-    assert len(videos) == 2
-    for mp4 in videos:
-        assert frame_sizes(mp4) == [tuple(expected.shape[3:])] * expected.shape[2]

@@ -7,18 +7,19 @@ frames a 7-latent clip decodes as batches of 3, 2 and 2 latents: 9, 8 and 8 fram
 from __future__ import annotations
 
 import pytest
-import torch
-from torch import Tensor
 
 from streamvae.models.cogvideox import CogVideoXChunkedDecoder
-from tests._adapters import check_batch_chunks, check_registry, check_tiling_matters, conforms, reference
+from tests._adapters import (
+    check_batch_chunks,
+    check_later_latents_leave_frames,
+    check_tiling_matters,
+    conforms,
+    enable_square_tiles,
+)
+from tests._vaes import family_latents
 from tests._vaes import tiny_cogvideox as tiny_vae
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:
-    return torch.randn(batch, 4, frames, size, size, generator=torch.Generator().manual_seed(seed))
+latent = family_latents(4, frames=7, size=2)
 
 
 @pytest.mark.parametrize(
@@ -44,12 +45,7 @@ def test_chunks_concatenate_to_vae_decode_one_batch_each(
 @pytest.mark.parametrize("use_slicing", [False, True])
 def test_spatial_tiling_frame_major_matches_tile_major_vae_decode(use_slicing: bool) -> None:
     vae = tiny_vae()
-    vae.enable_tiling(
-        tile_sample_min_height=24,
-        tile_sample_min_width=24,
-        tile_overlap_factor_height=1 / 3,
-        tile_overlap_factor_width=1 / 3,
-    )
+    enable_square_tiles(vae, sample_min=24, overlap_factor=1 / 3)
     z = latent(batch=2, size=4)
     check_batch_chunks(CogVideoXChunkedDecoder(vae), z, [9, 8, 8], use_slicing=use_slicing, tiles=2 * 2)
     check_tiling_matters(vae, z)
@@ -65,18 +61,5 @@ def test_batches_publish_whole_batch_chunks_slicing_decodes_each_entry_alone(use
 def test_batch_frames_depend_on_no_later_latent() -> None:
     """The rule the adapter builds on, checked on diffusers itself: a batch's frames are fixed by its own
     latents and the cache from earlier batches; changing any later latent leaves them bit-identical."""
-    vae = tiny_vae()
-    z = latent()
-    full = reference(vae, z)
-    for first_later_latent, kept in [(3, 9), (5, 17)]:
-        later = z.clone()
-        later[:, :, first_later_latent:] += 1.0
-        assert torch.equal(reference(vae, later)[:, :, :kept], full[:, :, :kept])
     # Nothing in a batch is final early: GroupNorm spans the batch, so its last latent moves its first frame.
-    inside = z.clone()
-    inside[:, :, 4] += 1.0
-    assert not torch.equal(reference(vae, inside)[:, :, 9], full[:, :, 9])
-
-
-def test_registry_returns_the_adapter() -> None:
-    check_registry(tiny_vae(), CogVideoXChunkedDecoder, latent_channels=4)
+    check_later_latents_leave_frames(tiny_vae(), latent(), [(3, 9), (5, 17)], moved=(4, 9))

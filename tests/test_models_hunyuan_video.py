@@ -8,24 +8,13 @@ windows.
 from __future__ import annotations
 
 import pytest
-import torch
-from torch import Tensor
 
 from streamvae.models.hunyuan_video import HunyuanVideoChunkedDecoder
-from tests._adapters import (
-    check_batch_chunks,
-    check_registry,
-    check_small_tiles,
-    check_window_rule,
-    conforms,
-)
+from tests._adapters import check_batch_chunks, check_small_tiles, check_window_rule, conforms
+from tests._vaes import family_latents
 from tests._vaes import tiny_hunyuan_video as tiny_vae
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:
-    return torch.randn(batch, 4, frames, size, size, generator=torch.Generator().manual_seed(seed))
+latent = family_latents(4, frames=7, size=2)
 
 
 def window_chunk_sizes(latent_frames: int, stride_frames: int) -> list[int]:
@@ -71,12 +60,3 @@ def test_without_framewise_decoding_one_decoder_call_is_handed_on_a_latent_frame
     report = conforms(adapter, latent())
     assert report.chunk_frames == [1, 4, 4, 4, 4, 4, 4] and report.decoder_calls == [1] * 7
     assert not adapter.streams
-
-
-def test_registry_returns_the_adapter() -> None:
-    check_registry(tiny_vae(), HunyuanVideoChunkedDecoder, latent_channels=4)
-
-
-def test_other_modules_are_refused_by_name() -> None:
-    with pytest.raises(TypeError, match="wraps a diffusers AutoencoderKLHunyuanVideo, got torch.nn"):
-        HunyuanVideoChunkedDecoder(torch.nn.Linear(1, 1))  # type: ignore[arg-type]

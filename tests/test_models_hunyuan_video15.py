@@ -8,28 +8,21 @@ rounds like the whole clip only in part, so float32 decodes are compared within 
 
 from __future__ import annotations
 
-import io
-
-import av
 import pytest
 import torch
 from accelerate.hooks import ModelHook, add_hook_to_module
 from torch import Tensor
 
-import streamvae
 from streamvae.models.hunyuan_video15 import HunyuanVideo15ChunkedDecoder
 from streamvae.testing import ChunkedDecoderReport, check_chunked_decoder
-from tests._adapters import check_registry, check_tiling_matters, reference
+from tests._adapters import check_tiling_matters, enable_square_tiles, reference
+from tests._vaes import family_latents
 from tests._vaes import tiny_hunyuan_video15 as tiny_vae
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 #: What the tiny VAE's float32 step-by-step decode may differ by from ``vae.decode`` (measured: 5e-6).
 ATOL = 2e-5
 
-
-def latent(batch: int = 1, frames: int = 5, size: int = 3, seed: int = 0) -> Tensor:
-    return torch.randn(batch, 4, frames, size, size, generator=torch.Generator().manual_seed(seed))
+latent = family_latents(4, frames=5, size=3)
 
 
 def conforms(
@@ -78,12 +71,7 @@ def test_frames_depend_on_no_later_latent_frame() -> None:
 
 def test_spatial_tiles_walk_apart_and_blend_each_step_as_tiled_decode() -> None:
     vae = tiny_vae()
-    vae.enable_tiling(
-        tile_sample_min_height=32,
-        tile_sample_min_width=32,
-        tile_latent_min_height=4,
-        tile_latent_min_width=4,
-    )
+    enable_square_tiles(vae, sample_min=32, latent_min=4)
     z = latent(size=6)  # latent tiles of 4 every 3: 2 × 2 tiles
     report = conforms(HunyuanVideo15ChunkedDecoder(vae), z)
     assert report.chunk_frames == [1, 4, 4, 4, 4]
@@ -136,20 +124,3 @@ def test_output_frames_and_streams() -> None:
     adapter = HunyuanVideo15ChunkedDecoder(tiny_vae())
     assert adapter.streams
     assert [adapter.output_frames(t) for t in (1, 2, 5)] == [1, 5, 17]
-
-
-def test_registry_returns_the_adapter() -> None:
-    check_registry(tiny_vae(), HunyuanVideo15ChunkedDecoder, latent_channels=4)
-
-
-@pytest.mark.anyio
-async def test_decode_to_mp4_gives_every_frame_of_vae_decode() -> None:
-    vae = tiny_vae()
-    z = latent(frames=3, size=2)
-    expected = reference(vae, z)
-    (mp4,) = await streamvae.decode_to_mp4(
-        HunyuanVideo15ChunkedDecoder(vae), z, fps=8, video_codec_options={"threads": "1"}
-    )
-    with av.open(io.BytesIO(mp4)) as container:
-        sizes = [(frame.height, frame.width) for frame in container.decode(video=0)]
-    assert sizes == [tuple(expected.shape[3:])] * expected.shape[2] == [(16, 16)] * 9

@@ -8,26 +8,20 @@ every exactness test is diffusers' own ``vae.decode`` on the same instance, comp
 
 from __future__ import annotations
 
-import io
 import math
 
-import av
 import pytest
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_kvae_video import AutoencoderKLKVAEVideo
 from torch import Tensor
 
-import streamvae
-from streamvae.models import chunked_decoder
+from streamvae.models import DecodeState
 from streamvae.models.kvae import KVAEVideoChunkedDecoder
-from tests._adapters import check_batch_chunks, conforms, reference
+from tests._adapters import check_batch_chunks, check_later_latents_leave_frames, conforms, reference
+from tests._vaes import family_latents
 from tests._vaes import tiny_kvae as tiny_vae
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def latent(batch: int = 1, frames: int = 10, size: int = 2, seed: int = 0) -> Tensor:
-    return torch.randn(batch, 4, frames, size, size, generator=torch.Generator().manual_seed(seed))
+latent = family_latents(4, frames=10, size=2)
 
 
 @pytest.fixture(scope="module")
@@ -118,14 +112,8 @@ def test_segment_frames_depend_on_no_later_latent_and_on_every_latent_of_the_seg
 ) -> None:
     """The rule the adapter builds on, checked on diffusers itself: changing any latent after a segment
     leaves its frames bit-identical; its own last latent moves its first frame (GroupNorm spans the call)."""
-    vae, z, full = kvae
-    for first_later_latent, kept in [(5, 17), (9, 33)]:
-        later = z.clone()
-        later[:, :, first_later_latent:] += 1.0
-        assert torch.equal(reference(vae, later)[:, :, :kept], full[:, :, :kept])
-    inside = z.clone()
-    inside[:, :, 8] += 1.0
-    assert not torch.equal(reference(vae, inside)[:, :, 17], full[:, :, 17])
+    vae, z, _ = kvae
+    check_later_latents_leave_frames(vae, z, [(5, 17), (9, 33)], moved=(8, 17))
 
 
 @pytest.mark.parametrize("use_slicing", [False, True])
@@ -185,6 +173,12 @@ def decode_pieces(adapter: KVAEVideoChunkedDecoder, pieces: list[Tensor]) -> lis
     return chunks + list(adapter.end(state))
 
 
+def started(vae: AutoencoderKLKVAEVideo) -> tuple[KVAEVideoChunkedDecoder, DecodeState]:
+    """An adapter over ``vae`` and a stream started on it for ``kvae``'s latent: batch 1, 2 × 2."""
+    adapter = KVAEVideoChunkedDecoder(vae)
+    return adapter, adapter.start(1, 2, 2)
+
+
 @pytest.mark.parametrize("sizes", list(SPLITS.values()), ids=list(SPLITS))
 def test_frames_from_any_split_equal_decoding_the_concatenated_latent(
     kvae: tuple[AutoencoderKLKVAEVideo, Tensor, Tensor], sizes: list[int]
@@ -199,8 +193,7 @@ def test_a_piece_gives_the_segments_it_fills_and_the_end_the_short_last(
     kvae: tuple[AutoencoderKLKVAEVideo, Tensor, Tensor],
 ) -> None:
     vae, z, expected = kvae
-    adapter = KVAEVideoChunkedDecoder(vae)
-    state = adapter.start(1, 2, 2)
+    adapter, state = started(vae)
     assert list(adapter.feed(state, z[:, :, :3])) == []  # held: the first segment needs 5
     piece = z[:, :, 3:10].clone()
     made = list(adapter.feed(state, piece))
@@ -241,8 +234,7 @@ def test_a_piece_left_half_decoded_leaves_only_end_which_gives_nothing(
     kvae: tuple[AutoencoderKLKVAEVideo, Tensor, Tensor],
 ) -> None:
     vae, z, _ = kvae
-    adapter = KVAEVideoChunkedDecoder(vae)
-    state = adapter.start(1, 2, 2)
+    adapter, state = started(vae)
     with pytest.raises(ValueError, match=r"piece of the stream's latent \[1, 4, frames, 2, 2\]"):
         adapter.feed(state, latent(frames=1, size=3))
     steps = adapter.feed(state, z)
@@ -258,25 +250,3 @@ def test_a_piece_left_half_decoded_leaves_only_end_which_gives_nothing(
 
 
 # Construction, registry, end to end
-
-
-def test_registry_returns_the_adapter_which_takes_pieces() -> None:
-    vae = tiny_vae()
-    adapter = chunked_decoder(vae)
-    assert type(adapter) is KVAEVideoChunkedDecoder and adapter.vae is vae
-    assert (adapter.chunk_value_range, adapter.latent_channels, adapter.takes_pieces) == ((-1, 1), 4, True)
-    adapter.check_takes_pieces()
-
-
-@pytest.mark.anyio
-async def test_decode_to_mp4_gives_every_frame_of_vae_decode() -> None:
-    vae = tiny_vae()
-    z = latent(frames=6, size=4)
-    expected = reference(vae, z)
-    (mp4,) = await streamvae.decode_to_mp4(
-        KVAEVideoChunkedDecoder(vae), z, fps=8, video_codec_options={"threads": "1"}
-    )
-    with av.open(io.BytesIO(mp4), mode="r") as container:
-        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
-    assert len(frames) == expected.shape[2] == 18
-    assert frames[0].shape == (expected.shape[3], expected.shape[4], 3)

@@ -13,22 +13,12 @@ from torch import Tensor
 
 from streamvae.models import chunked_decoder
 from streamvae.models.ltx_video import LTXVideoChunkedDecoder
-from tests._adapters import (
-    check_batch_chunks,
-    check_registry,
-    check_small_tiles,
-    check_window_rule,
-    conforms,
-    reference,
-)
+from tests._adapters import check_batch_chunks, check_small_tiles, check_window_rule, conforms, reference
+from tests._vaes import family_latents
 from tests._vaes import tiny_ltx2_video as tiny_ltx2
 from tests._vaes import tiny_ltx_video as tiny_vae
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def latent(batch: int = 1, frames: int = 7, size: int = 2, seed: int = 0) -> Tensor:
-    return torch.randn(batch, 8, frames, size, size, generator=torch.Generator().manual_seed(seed))
+latent = family_latents(8, frames=7, size=2)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +111,3 @@ def test_causal_is_refused_for_ltx_video() -> None:
 def test_other_modules_are_refused_by_name() -> None:
     with pytest.raises(TypeError, match="AutoencoderKLLTXVideo or AutoencoderKLLTX2Video, got torch.nn"):
         LTXVideoChunkedDecoder(torch.nn.Linear(1, 1))  # type: ignore[arg-type]
-
-
-def test_registry_returns_the_adapter() -> None:
-    check_registry(tiny_vae(), LTXVideoChunkedDecoder, latent_channels=8)

@@ -16,17 +16,12 @@ from diffusers.models.autoencoders.autoencoder_kl_magvit import (
 )
 from torch import Tensor
 
-import streamvae
 from streamvae.models.magvit import MagvitChunkedDecoder
-from tests._adapters import check_batch_chunks, check_registry, check_tiling_matters, conforms, reference
-from tests._media import frame_sizes
+from tests._adapters import check_batch_chunks, check_tiling_matters, conforms, enable_square_tiles, reference
+from tests._vaes import family_latents
 from tests._vaes import tiny_magvit as tiny_vae
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def latent(batch: int = 1, frames: int = 4, size: int = 2, seed: int = 0) -> Tensor:
-    return torch.randn(batch, 4, frames, size, size, generator=torch.Generator().manual_seed(seed))
+latent = family_latents(4, frames=4, size=2)
 
 
 def module_caches(vae: AutoencoderKLMagvit) -> list[object]:
@@ -84,12 +79,7 @@ def test_call_frames_depend_on_no_later_latent() -> None:
 
 def small_tiles(vae: AutoencoderKLMagvit) -> None:
     """Tiles of 24 pixels (3 latents) every 16 (2 latents): a 4×4 latent is 2×2 tiles."""
-    vae.enable_tiling(
-        tile_sample_min_height=24,
-        tile_sample_min_width=24,
-        tile_sample_stride_height=16,
-        tile_sample_stride_width=16,
-    )
+    enable_square_tiles(vae, sample_min=24, sample_stride=16)
 
 
 @pytest.mark.parametrize("use_slicing", [False, True])
@@ -181,20 +171,3 @@ def test_steps_of_two_decodes_on_one_module_interleave() -> None:
     steps = zip(adapter.iter_chunks(first), adapter.iter_chunks(second), strict=True)
     chunks = [torch.cat(step) for step in steps]
     assert torch.equal(torch.cat(chunks, dim=2), torch.cat([reference(vae, first), reference(vae, second)]))
-
-
-def test_registry_returns_the_adapter() -> None:
-    check_registry(tiny_vae(), MagvitChunkedDecoder, latent_channels=4)
-
-
-@pytest.mark.anyio
-async def test_decode_to_mp4_writes_every_frame() -> None:
-    vae = tiny_vae()
-    z = latent(batch=2, frames=3)
-    expected = reference(vae, z)
-    videos = await streamvae.decode_to_mp4(
-        MagvitChunkedDecoder(vae), z, fps=8, video_codec_options={"threads": "1"}
-    )
-    assert len(videos) == 2
-    for mp4 in videos:
-        assert frame_sizes(mp4) == [tuple(expected.shape[3:])] * expected.shape[2]

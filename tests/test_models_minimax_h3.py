@@ -8,36 +8,24 @@ lengths are padded, and the padding's frames never published.
 
 from __future__ import annotations
 
-import io
-
-import av
 import pytest
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_minimax_h3 import AutoencoderKLMiniMaxH3
 from torch import Tensor
 
-import streamvae
 from streamvae import PerChannelRange, quantize_chunk
 from streamvae.models import chunked_decoder
 from streamvae.models.minimax_h3 import IMAGENET_RANGE, MiniMaxH3ChunkedDecoder
-from tests._adapters import check_batch_chunks, conforms, reference
+from tests._adapters import check_batch_chunks, conforms, enable_square_tiles, reference
+from tests._vaes import family_latents
 from tests._vaes import tiny_minimax_h3 as tiny_vae
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def latent(batch: int = 1, frames: int = 12, size: int = 4, seed: int = 0) -> Tensor:
-    return torch.randn(batch, 4, frames, size, size, generator=torch.Generator().manual_seed(seed))
+latent = family_latents(4, frames=12, size=4)
 
 
 def small_tiles(vae: AutoencoderKLMiniMaxH3) -> None:
     """Tiles of 8 pixels (2 latents) overlapping by 4: a 16-pixel frame is 3×3 tiles."""
-    vae.enable_tiling(
-        tile_sample_min_height=8,
-        tile_sample_min_width=8,
-        tile_sample_min_overlap_height=4,
-        tile_sample_min_overlap_width=4,
-    )
+    enable_square_tiles(vae, sample_min=8, sample_min_overlap=4)
 
 
 def walk(adapter: MiniMaxH3ChunkedDecoder, z: Tensor) -> tuple[list[int], list[int]]:
@@ -219,17 +207,3 @@ def test_quantized_chunks_are_the_modular_pipelines_pixels() -> None:
     video = (reference(vae, z).float() * std + mean).clamp(0, 1)
     assert bool((video == 0).any()) and bool((video == 1).any())  # both clamps are reached
     assert torch.equal(levels, (video * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1))
-
-
-@pytest.mark.anyio
-async def test_decode_to_mp4_gives_every_frame_of_vae_decode() -> None:
-    vae = tiny_vae()
-    z = latent(frames=11)
-    expected = reference(vae, z)
-    (mp4,) = await streamvae.decode_to_mp4(
-        MiniMaxH3ChunkedDecoder(vae), z, fps=8, video_codec_options={"threads": "1"}
-    )
-    with av.open(io.BytesIO(mp4), mode="r") as container:
-        frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(video=0)]
-    assert len(frames) == expected.shape[2] == 35
-    assert frames[0].shape == (expected.shape[3], expected.shape[4], 3) == (16, 16, 3)

@@ -13,14 +13,11 @@ import torch
 from torch import Tensor
 
 from streamvae.models.mochi import MochiChunkedDecoder
-from tests._adapters import check_registry, check_small_tiles, conforms, reference
+from tests._adapters import check_small_tiles, conforms, reference
+from tests._vaes import family_latents
 from tests._vaes import tiny_mochi as tiny_vae
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def latent(batch: int = 1, frames: int = 4, size: int = 2, seed: int = 0) -> Tensor:
-    return torch.randn(batch, 12, frames, size, size, generator=torch.Generator().manual_seed(seed))
+latent = family_latents(12, frames=4, size=2)
 
 
 def calls_of(module: torch.nn.Module) -> list[int]:
@@ -34,15 +31,6 @@ def calls_of(module: torch.nn.Module) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize(("latent_frames", "sizes"), [(3, [1, 6, 6]), (1, [1])])
-def test_chunks_are_the_whole_clip_decode_one_latent_frame_each(latent_frames: int, sizes: list[int]) -> None:
-    adapter = MochiChunkedDecoder(tiny_vae())
-    report = conforms(adapter, latent(frames=latent_frames))
-    assert report.chunk_frames == sizes
-    assert report.decoder_calls == [1] * len(sizes)  # one decoder call over the clip, before any chunk
-    assert adapter.output_frames(latent_frames) == sum(sizes) and not adapter.streams
-
-
 def test_without_dropping_frames_the_first_latent_frame_gives_six() -> None:
     vae = tiny_vae()
     vae.drop_last_temporal_frames = False
@@ -53,15 +41,6 @@ def test_without_dropping_frames_the_first_latent_frame_gives_six() -> None:
 
 def test_spatial_tiling_is_diffusers_tiled_decode() -> None:
     check_small_tiles(MochiChunkedDecoder(tiny_vae()), latent(frames=2, size=4), frames=[1, 6])
-
-
-@pytest.mark.parametrize("use_slicing", [False, True])
-def test_batches_publish_whole_batch_chunks_slicing_decodes_each_entry_alone(use_slicing: bool) -> None:
-    vae = tiny_vae()
-    vae.use_slicing = use_slicing
-    report = conforms(MochiChunkedDecoder(vae), latent(batch=2, frames=2))
-    assert [tuple(chunk.shape[:3]) for chunk in report.chunks] == [(2, 3, 1), (2, 3, 6)]
-    assert report.decoder_calls == [2 if use_slicing else 1] * 2
 
 
 def test_vae_decode_is_unchanged_after_a_chunked_decode() -> None:
@@ -103,7 +82,3 @@ def test_diffusers_framewise_decode_fails_or_does_not_join_its_batches() -> None
     assert apart.shape == whole.shape and (apart - whole).abs().max() > 0.05
     # the first batch alone is the same frames (a convolution over fewer frames rounds apart: not bit-equal)
     assert torch.allclose(apart[:, :, :7], whole[:, :, :7], rtol=0, atol=1e-5)
-
-
-def test_registry_returns_the_adapter() -> None:
-    check_registry(tiny_vae(), MochiChunkedDecoder, latent_channels=12)

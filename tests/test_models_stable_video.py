@@ -8,23 +8,18 @@ garbage collection of the conformance suite slow); the last test checks the copy
 
 from __future__ import annotations
 
-import io
 from types import SimpleNamespace
 from typing import Any
 
-import av
 import pytest
 import torch
 from diffusers.models.autoencoders.autoencoder_kl_temporal_decoder import AutoencoderKLTemporalDecoder
 from torch import Tensor
 
-import streamvae
 from streamvae.models import chunked_decoder
 from streamvae.models.stable_video import StableVideoChunkedDecoder
 from tests._adapters import conforms
 from tests._vaes import tiny_stable_video as tiny_vae
-
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def pipeline_latents(batch: int = 1, frames: int = 6, size: int = 4, seed: int = 0) -> Tensor:
@@ -148,22 +143,6 @@ def test_registry_returns_the_adapter_with_its_chunk_size() -> None:
     assert (adapter.decode_chunk_size, adapter.latent_channels, adapter.chunk_value_range) == (3, 4, (-1, 1))
     with pytest.raises(TypeError, match="cannot decode latents in pieces .*AutoencoderKLWan"):
         adapter.start(1, 2, 2)
-
-
-@pytest.mark.anyio
-async def test_decode_to_mp4_writes_every_frame() -> None:
-    vae = tiny_vae()
-    latents = pipeline_latents(batch=2, frames=5, size=8)
-    expected = decode_latents(vae, latents, 2)
-    adapter = StableVideoChunkedDecoder(vae, decode_chunk_size=2)
-    videos = await streamvae.decode_to_mp4(
-        adapter, denormalize(vae, latents), fps=8, video_codec_options={"threads": "1"}
-    )
-    assert len(videos) == 2
-    for mp4 in videos:
-        with av.open(io.BytesIO(mp4), "r") as container:
-            sizes = [(frame.height, frame.width) for frame in container.decode(video=0)]
-        assert sizes == [tuple(expected.shape[3:])] * expected.shape[2]
 
 
 @pytest.mark.parametrize(("batch", "decode_chunk_size"), [(1, 4), (2, 4)])

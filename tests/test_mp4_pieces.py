@@ -3,19 +3,17 @@ reader. Checked against the boxes themselves and against PyAV decoding what a re
 
 from __future__ import annotations
 
-import io
 import struct
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import AsyncIterable, Callable, Sequence
+from typing import Any, TypeVar
 
 import anyio
-import av
 import numpy as np
 import pytest
 
-from streamvae import ChunkedVideoMP4Session, MP4Piece, read_entries
+from streamvae import ChunkedVideoMP4Session, MP4ByteStream, MP4Piece, read_entries
 from streamvae._fragments import FragmentCutter
-from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4, wan_like_chunks
+from tests._media import DETERMINISTIC_X264, count_frames, moving_pattern, read_mp4, wan_like_chunks
 
 pytestmark = pytest.mark.anyio
 
@@ -26,6 +24,7 @@ FRAGMENTED: dict[str, Any] = {
     "output": "fragmented",
     "video_codec_options": DETERMINISTIC_X264,
 }
+T = TypeVar("T")
 CHUNKS = wan_like_chunks(5, height=32, width=32)  # 17 frames: 1, then 4 a latent frame
 FRAMES = sum(chunk.shape[2] for chunk in CHUNKS)
 
@@ -42,19 +41,15 @@ def top_level_boxes(data: bytes) -> list[bytes]:
     return kinds
 
 
-def decoded_frames(data: bytes) -> int:
-    """Video frames PyAV decodes from the bytes of a fragmented MP4 received so far."""
-    with av.open(io.BytesIO(data)) as container:
-        return sum(1 for _ in container.decode(video=0))
-
-
 def joined(pieces: Sequence[MP4Piece]) -> bytes:
     return b"".join(piece.data for piece in pieces)
 
 
-async def streamed_pieces(chunks: Sequence[Any] = CHUNKS, **options: Any) -> list[MP4Piece]:
-    """Entry 0's pieces, read with ``pieces()`` while the chunks are pushed."""
-    pieces: list[MP4Piece] = []
+async def streamed(
+    read: Callable[[MP4ByteStream], AsyncIterable[T]], chunks: Sequence[Any] = CHUNKS, **options: Any
+) -> list[T]:
+    """What ``read`` yields from entry 0's stream while the chunks are pushed."""
+    items: list[T] = []
     with anyio.fail_after(HANG_GUARD):
         async with ChunkedVideoMP4Session(**{**FRAGMENTED, **options}) as session:
             stream = session.open_stream(0)
@@ -65,9 +60,14 @@ async def streamed_pieces(chunks: Sequence[Any] = CHUNKS, **options: Any) -> lis
                 await session.finish()
 
             session.start_producer(produce)
-            async for piece in stream.pieces():
-                pieces.append(piece)
-    return pieces
+            async for item in read(stream):
+                items.append(item)
+    return items
+
+
+async def streamed_pieces(chunks: Sequence[Any] = CHUNKS, **options: Any) -> list[MP4Piece]:
+    """Entry 0's pieces, read with ``pieces()`` while the chunks are pushed."""
+    return await streamed(MP4ByteStream.pieces, chunks, **options)
 
 
 async def test_a_fragmented_mp4_comes_as_whole_fragments_each_knowing_its_frames() -> None:
@@ -83,28 +83,19 @@ async def test_a_fragmented_mp4_comes_as_whole_fragments_each_knowing_its_frames
         until += piece.frames
         assert piece.frames_until == until
         # what a player that got these pieces so far shows: exactly frames_until frames
-        assert decoded_frames(joined(pieces[: index + 1])) == piece.frames_until
+        assert count_frames(joined(pieces[: index + 1])) == piece.frames_until
 
 
 async def test_fragment_frames_puts_several_frames_in_a_piece() -> None:
     pieces = await streamed_pieces(fragment_frames=4)
     assert [piece.frames for piece in pieces] == [4, 4, 4, 4, 1, 0]
-    assert decoded_frames(joined(pieces[:2])) == pieces[1].frames_until == 8
+    assert count_frames(joined(pieces[:2])) == pieces[1].frames_until == 8
 
 
 async def test_the_bytes_of_a_stream_are_its_pieces_and_the_mp4_finish_gives() -> None:
     pieces = await streamed_pieces()
+    received = await streamed(lambda stream: stream)
     with anyio.fail_after(HANG_GUARD):
-        async with ChunkedVideoMP4Session(**FRAGMENTED) as session:
-            stream = session.open_stream(0)
-
-            async def produce() -> None:
-                for chunk in CHUNKS:
-                    await session.push(chunk)
-                await session.finish()
-
-            session.start_producer(produce)
-            received = [data async for data in stream]
         async with ChunkedVideoMP4Session(**FRAGMENTED) as session:
             for chunk in CHUNKS:
                 await session.push(chunk)
@@ -128,7 +119,7 @@ async def test_an_audio_tracks_samples_are_not_frames() -> None:
     assert any(piece.frames == 0 for piece in pieces[:-1])  # fragments of audio alone
     assert sum(piece.frames for piece in pieces) == read_mp4(joined(pieces)).frames.shape[0] == FRAMES
     for index, piece in enumerate(pieces):
-        assert decoded_frames(joined(pieces[: index + 1])) == piece.frames_until
+        assert count_frames(joined(pieces[: index + 1])) == piece.frames_until
 
 
 async def test_read_entries_yields_every_entrys_pieces_with_pieces_true() -> None:

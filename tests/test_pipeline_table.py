@@ -15,11 +15,7 @@ import pytest
 
 from streamvae.models import supported_classes
 from streamvae.pipelines._plans import REFUSED, describe, pipeline_key, plans
-from tests._pipelines import BUILDERS as FIRST_BUILDERS
-from tests._pipelines_clips import BUILDERS as CLIP_BUILDERS
-from tests._pipelines_extra import BUILDERS as EXTRA_BUILDERS
-from tests._pipelines_modular import BUILDERS as MODULAR_BUILDERS
-from tests._pipelines_more import BUILDERS as MORE_BUILDERS
+from tests.pipelines import BUILDERS, CORE
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "pipelines.md"
 #: the video VAE classes of diffusers' video pipelines (FACTS.md; SANA-Video's AutoencoderDC is an image VAE,
@@ -41,12 +37,9 @@ VIDEO_VAES = (
     "AutoencoderKLKVAEVideo",
 )
 #: the tests that check a supported pipeline's frames and sound against ``pipe()``'s
-NEW_BUILDERS = {**CLIP_BUILDERS, **MORE_BUILDERS, **EXTRA_BUILDERS, **MODULAR_BUILDERS}
 TESTS = {
-    **{name: "tests/test_generate.py" for name in FIRST_BUILDERS},
-    **{name: "tests/test_generate_every.py" for name in NEW_BUILDERS},
+    name: "tests/test_generate.py" if name in CORE else "tests/test_generate_every.py" for name in BUILDERS
 }
-ALL_BUILDERS = {**FIRST_BUILDERS, **NEW_BUILDERS}
 
 
 @dataclass(frozen=True)
@@ -103,10 +96,16 @@ def video_pipelines() -> list[tuple[str, str, str]]:
 def builders_by_plan() -> dict[str, list[str]]:
     """Plan name → the builders whose pipelines it is tested on."""
     names: dict[str, list[str]] = {}
-    for builder_name, builder in ALL_BUILDERS.items():
+    for builder_name, builder in BUILDERS.items():
         pipe, _ = builder()
         names.setdefault(pipeline_key(pipe), []).append(builder_name)
     return names
+
+
+def _tested_on(builder: str) -> str:
+    """A builder's name, the module that defines it and the test that runs it."""
+    module = BUILDERS[builder].__module__.replace(".", "/")
+    return f"`{builder}` ({module}.py, by {TESTS[builder]})"
 
 
 def rows() -> list[Row]:
@@ -116,7 +115,7 @@ def rows() -> list[Row]:
     for name, kind, vae in video_pipelines():
         plan = plans().get(name)
         if plan is not None:
-            where = ", ".join(f"`{builder}` ({TESTS[builder]})" for builder in sorted(tested.get(name, [])))
+            where = ", ".join(_tested_on(builder) for builder in sorted(tested.get(name, [])))
             table.append(Row(name, kind, vae, "exact", f"{describe(plan)}; tested on {where}"))
         elif name in REFUSED:
             table.append(Row(name, kind, vae, "refused", REFUSED[name]))

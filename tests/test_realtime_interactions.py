@@ -21,26 +21,11 @@ import torch
 from streamvae import decode_to_mp4
 from streamvae.demo import demo_latent
 from streamvae.server import Interactions, RealtimePiece, create_app, demo_generator
-from streamvae.server._realtime import DEMO_SAMPLE_RATE, seed_of_prompt
+from streamvae.server._standin import DEMO_SAMPLE_RATE, seed_of_prompt
 from streamvae.server._websocket import MAX_PENDING_INTERACTIONS
-from tests._media import DETERMINISTIC_X264, read_mp4
+from tests._media import DETERMINISTIC_X264, count_frames, read_mp4
 from tests._server import EventLog, running_server
-from tests.test_websocket import (
-    HANG,
-    PATH,
-    PINNED,
-    Client,
-    Pieces,
-    app_of,
-    check_pieces,
-    connect,
-    no_leaks,
-    receive_other,
-    receive_until_done,
-    vae,
-)
-
-__all__ = ["no_leaks", "vae"]  # fixtures, used by name
+from tests._websocket import HANG, PATH, PINNED, Client, Pieces, app_of, check_pieces, connect
 
 pytestmark = pytest.mark.anyio
 
@@ -81,13 +66,13 @@ async def test_a_prompt_changes_the_stand_in_from_the_next_piece_and_the_pieces_
     async with connect(app) as client:  # the same session, unsteered
         await client.send_json(STEERED)
         await client.receive_json()
-        plain, _ = await receive_until_done(client)
+        plain, _ = await client.receive_until_done()
     async with connect(app) as client:
         started, pieces = await first_piece(client, {**STEERED, "step_seconds": 1.0})
         sent_at = anyio.current_time()
         await client.send_json(interaction("e1", {"prompt": "a red fox"}))
-        answer = await receive_other(client, pieces)
-        rest, done = await receive_until_done(client)
+        answer = await client.receive_other(pieces)
+        rest, done = await client.receive_until_done()
         seen_at = anyio.current_time()
     pieces += rest
     assert answer == {
@@ -129,8 +114,8 @@ async def test_a_transition_is_started_at_one_piece_active_between_and_completed
     async with connect(app_of(vae)) as client:
         _, pieces = await first_piece(client, {**STEERED, "step_seconds": 1.0})
         await client.send_json(interaction("fade", {"seed": 11}, transition=2))
-        assert (await receive_other(client, pieces))["type"] == "session.interaction.queued"
-        rest, _ = await receive_until_done(client)
+        assert (await client.receive_other(pieces))["type"] == "session.interaction.queued"
+        rest, _ = await client.receive_until_done()
     pieces += rest
     steps: dict[int, list[dict[str, Any]]] = {}
     for meta, _ in pieces:
@@ -173,10 +158,10 @@ async def test_a_bad_interaction_is_an_error_with_its_code_and_the_session_goes_
     async with connect(app_of(vae)) as client:
         _, pieces = await first_piece(client, {**STEERED, "num_frames": 9, "step_seconds": 0.3})
         await client.send_json(message)
-        answer = await receive_other(client, pieces)
+        answer = await client.receive_other(pieces)
         await client.send_json(interaction("good", {"prompt": "a boat"}))  # the session still takes one
-        queued = await receive_other(client, pieces)
-        rest, done = await receive_until_done(client)
+        queued = await client.receive_other(pieces)
+        rest, done = await client.receive_until_done()
     assert answer["type"] == "error" and answer["code"] == code, answer
     assert error in answer["message"] and len(answer["message"]) < 300, answer
     assert queued["type"] == "session.interaction.queued" and queued["event_id"] == "good"
@@ -188,12 +173,12 @@ async def test_a_duplicate_event_id_is_a_conflict_and_a_missing_one_is_made(vae:
     async with connect(app_of(vae)) as client:
         _, pieces = await first_piece(client, {**STEERED, "step_seconds": 0.3})
         await client.send_json(interaction("e1", {"prompt": "a"}))
-        assert (await receive_other(client, pieces))["event_id"] == "e1"
+        assert (await client.receive_other(pieces))["event_id"] == "e1"
         await client.send_json(interaction("e1", {"prompt": "b"}))
-        conflict = await receive_other(client, pieces)
+        conflict = await client.receive_other(pieces)
         await client.send_json(interaction(None, {"prompt": "c"}))
-        made = await receive_other(client, pieces)
-        rest, _ = await receive_until_done(client)
+        made = await client.receive_other(pieces)
+        rest, _ = await client.receive_until_done()
     assert conflict["type"] == "error" and conflict["code"] == "event_id_conflict", conflict
     assert made["type"] == "session.interaction.queued" and made["event_id"].startswith("evt-")
     reported = [i for meta, _ in pieces + rest for i in meta["started_event_ids"]]
@@ -213,9 +198,9 @@ async def test_a_generator_of_the_start_alone_refuses_each_interaction(vae: Any,
     async with connect(app_of(vae, generator=no_interactions)) as client:
         _, pieces = await first_piece(client, {"type": "session.start"})
         await client.send_json(interaction("e1", {"prompt": "a"}))
-        answer = await receive_other(client, pieces)
+        answer = await client.receive_other(pieces)
         gate.set()
-        await receive_until_done(client)
+        await client.receive_until_done()
     assert answer["code"] == "interaction_failed" and "takes no interactions" in answer["message"]
 
 
@@ -239,11 +224,11 @@ async def test_an_interaction_after_stop_is_an_error_and_none_goes_unanswered(
         _, pieces = await first_piece(client, {"type": "session.start"})
         await client.send_json({"type": "session.stop"})
         await client.send_json(interaction("late", {"prompt": "a"}))
-        late = await receive_other(client, pieces)
+        late = await client.receive_other(pieces)
         await client.send_json({"type": "session.stop"})
-        again = await receive_other(client, pieces)
+        again = await client.receive_other(pieces)
         closing.set()
-        done = await receive_other(client, pieces)
+        done = await client.receive_other(pieces)
     assert late["type"] == "error" and late["code"] == "session_stopped", late
     assert again["type"] == "error" and again["code"] == "session_stopped", again
     assert done["type"] == "session.done" and done["stopped"] is True
@@ -260,10 +245,10 @@ async def test_a_burst_of_interactions_is_answered_one_by_one_and_a_ping_after_i
         await client.send_json({"type": "session.ping"})
         answers: list[dict[str, Any]] = []
         with anyio.fail_after(HANG):  # hang guard, not a timing check
-            while (answer := await receive_other(client, pieces))["type"] != "session.pong":
+            while (answer := await client.receive_other(pieces))["type"] != "session.pong":
                 answers.append(answer)
         await client.send_json({"type": "session.stop"})
-        await receive_other(client, pieces)
+        await client.receive_other(pieces)
     queued = [a["event_id"] for a in answers if a["type"] == "session.interaction.queued"]
     refused = [a for a in answers if a["type"] == "error"]
     assert len(answers) == count  # one answer each, none dropped, none twice
@@ -276,12 +261,9 @@ def decoded_audio(data: bytes) -> tuple[np.ndarray, int, float]:
     """The audio PyAV decodes from an MP4 (mono samples), its rate, and the video's duration in seconds."""
     with av.open(io.BytesIO(data)) as container:
         rate = container.streams.audio[0].rate
+        fps = float(container.streams.video[0].average_rate)
         samples = [frame.to_ndarray().reshape(-1) for frame in container.decode(audio=0)]
-    with av.open(io.BytesIO(data)) as container:
-        video = container.streams.video[0]
-        frames = sum(1 for _ in container.decode(video=0))
-        fps = float(video.average_rate)
-    return (np.concatenate(samples) if samples else np.zeros(0, np.float32)), rate, frames / fps
+    return (np.concatenate(samples) if samples else np.zeros(0, np.float32)), rate, count_frames(data) / fps
 
 
 async def test_the_stand_in_sends_its_tone_in_the_stream_in_step_with_the_video(
@@ -291,7 +273,7 @@ async def test_the_stand_in_sends_its_tone_in_the_stream_in_step_with_the_video(
     async with connect(app_of(vae)) as client:
         await client.send_json(start)
         started = await client.receive_json()
-        pieces, _ = await receive_until_done(client)
+        pieces, _ = await client.receive_until_done()
     video = check_pieces(pieces, started["request_id"], 17)
     # What the stand-in made, piece by piece.
     made = [piece async for piece in demo_generator(fps=16)(start, Interactions())]
@@ -321,12 +303,8 @@ async def test_pieces_with_wrong_audio_fail_the_session_with_the_reason(vae: Any
         yield latent[:, :, 1:2]
 
     async with connect(app_of(vae, generator=sound_then_none)) as client:
-        await client.send_json({"type": "session.start"})
         # It fails before its first piece is written: no video.start, which comes with that piece.
-        while (message := await client.receive_json())["type"] in ("video.start", "video.chunk_metadata"):
-            if message["type"] == "video.chunk_metadata":
-                await client.receive_bytes()
-        assert await client.closed() == 1011
+        message = await client.receive_until_it_fails()
     assert message["code"] == "generation_failed"
     assert "piece 1 has no audio, but the generation's first piece had" in message["message"]
 
@@ -359,17 +337,17 @@ async def test_the_app_counts_each_sessions_true_outcome_once(vae: Any, no_leaks
     async with connect(app) as client:  # completed
         await client.send_json({**STEERED, "num_frames": 5})
         await client.receive_json()
-        await receive_until_done(client)
+        await client.receive_until_done()
     async with connect(app) as client:  # stopped
         await first_piece(client, slow)
         await client.send_json({"type": "session.stop"})
-        assert (await receive_other(client, []))["stopped"] is True
+        assert (await client.receive_other([]))["stopped"] is True
     async with connect(app) as client:  # disconnected
         await first_piece(client, slow)
         await client.leave()
     async with connect(app) as client:  # stalled: the client says nothing while nothing comes
         await first_piece(client, slow)
-        assert (await receive_other(client, []))["code"] == "stall_timeout"
+        assert (await client.receive_other([]))["code"] == "stall_timeout"
     async with connect(app) as client:  # failed: a start the stand-in refuses
         await client.send_json({**STEERED, "num_frames": 6})
         assert (await client.receive_json())["code"] == "invalid_start"
@@ -390,8 +368,8 @@ async def test_the_app_counts_each_sessions_true_outcome_once(vae: Any, no_leaks
     async with connect(app) as client:
         await first_piece(client, {**STEERED, "num_frames": 9, "step_seconds": 0.5})
         await client.send_json(interaction("k", {"prompt": "x"}))
-        await receive_other(client, [])
-        await receive_until_done(client)
+        await client.receive_other([])
+        await client.receive_until_done()
     with anyio.fail_after(HANG):
         while stats.completed < 2:
             await anyio.sleep(0.01)
@@ -432,9 +410,9 @@ async def test_a_queued_websocket_client_is_accepted_and_answered_while_it_waits
             assert await second.receive_json() == {"type": "session.pong"}  # no video.start: still queued
             assert (app.state.stats.active, app.state.stats.queued) == (1, 1)
             held.release.set()
-            await receive_until_done(first)
+            await first.receive_until_done()
             assert (await second.receive_json())["type"] == "video.start"
-            pieces, done = await receive_until_done(second)
+            pieces, done = await second.receive_until_done()
     assert done["stopped"] is False and pieces
     assert app.state.stats.completed == 2 and app.state.stats.active == app.state.stats.queued == 0
 
@@ -520,7 +498,7 @@ async def test_a_concurrent_soak_of_steering_clients_that_leave_early_leaks_noth
             ]
             for message in sent:
                 await client.send_json(message)
-            answers = [await receive_other(client, pieces) for _ in sent]
+            answers = [await client.receive_other(pieces) for _ in sent]
             assert [a["type"] for a in answers[1:]] == ["error"] * 3, answers
             assert answers[0]["type"] == "session.interaction.queued"
             answered.append(len(answers))
@@ -529,7 +507,7 @@ async def test_a_concurrent_soak_of_steering_clients_that_leave_early_leaks_noth
                 return
             if end == "stop":
                 await client.send_json({"type": "session.stop"})
-            done = await receive_other(client, pieces)
+            done = await client.receive_other(pieces)
             assert done["type"] == "session.done" and done["stopped"] is (end == "stop"), done
 
     sessions = 12
@@ -587,10 +565,10 @@ async def test_a_wait_in_the_queue_longer_than_the_stall_timeout_is_no_stall(
                 await anyio.sleep(0.01)
             for _ in range(3):  # the first stays alive meanwhile; the second says nothing for 1.5 s
                 await first.send_json({"type": "session.ping"})
-                assert (await receive_other(first, []))["type"] == "session.pong"
+                assert (await first.receive_other([]))["type"] == "session.pong"
                 await anyio.sleep(0.5)
             held.release.set()
-            await receive_until_done(first)
+            await first.receive_until_done()
             assert (await second.receive_json())["type"] == "video.start"
-            _, done = await receive_until_done(second)
+            _, done = await second.receive_until_done()
     assert done["type"] == "session.done" and app.state.stats.stalled == 0

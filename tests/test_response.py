@@ -30,8 +30,8 @@ from streamvae.pipelines import stream_generation
 from streamvae.server import MediaTimePacer, MP4Response
 from streamvae.testing import foreign_threads, open_containers
 from tests._media import DETERMINISTIC_X264, read_mp4
-from tests._pipelines import BUILDERS, EXPECTED
 from tests._vaes import latent, tiny_wan21
+from tests.pipelines import BUILDERS, EXPECTED
 
 pytestmark = pytest.mark.anyio
 

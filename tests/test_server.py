@@ -22,7 +22,7 @@ from streamvae.server import VideoRequest, create_app
 from streamvae.server._admission import Admission, Ticket
 from streamvae.testing import foreign_threads, open_containers
 from tests._media import read_mp4
-from tests._server import EventLog, GatedDecoder, get_once, running_server
+from tests._server import EventLog, GatedDecoder, fetch, get_once, running_server, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -39,17 +39,6 @@ def gated() -> Iterator[GatedDecoder]:
     decoder = GatedDecoder(chunked_decoder(demo_vae()))
     yield decoder
     decoder.gate.set()  # never leave a decode paused behind a failed test
-
-
-async def wait_for(events: EventLog, kind: str, count: int = 1) -> None:
-    await anyio.to_thread.run_sync(lambda: events.wait_for(kind, count))
-
-
-async def fetch(client: httpx.AsyncClient, url: str) -> bytes:
-    async with client.stream("GET", url) as response:
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith('video/mp4; codecs="avc1.')
-        return b"".join([data async for data in response.aiter_raw()])
 
 
 async def test_bytes_arrive_while_the_decode_runs_and_the_body_holds_every_frame(

@@ -13,8 +13,7 @@ from streamvae.demo import demo_latent
 from streamvae.server import VideoRequest, create_app
 from streamvae.testing import open_containers
 from tests._media import DETERMINISTIC_X264, read_mp4
-from tests._server import EventLog, get_once, running_server
-from tests.test_server import fetch, wait_for
+from tests._server import EventLog, fetch, get_once, running_server, wait_for
 
 pytestmark = pytest.mark.anyio
 

@@ -19,7 +19,7 @@ from streamvae import ChunkedVideoMP4Session, MP4ByteStream, SessionClosedError,
 from streamvae._encode import EntryEncoder
 from streamvae._statistics import SessionStatistics
 from streamvae.testing import open_containers
-from tests._media import DETERMINISTIC_X264, moving_pattern, read_mp4, wan_like_chunks
+from tests._media import DETERMINISTIC_X264, count_frames, moving_pattern, read_mp4, wan_like_chunks
 
 pytestmark = pytest.mark.anyio
 
@@ -202,20 +202,13 @@ async def test_open_stream_is_checked() -> None:
 # -- a fragment per chunk: when a chunk's frames leave --
 
 
-def decoded_frames(data: bytes) -> int:
-    """Frames PyAV decodes from the bytes of a fragmented MP4 received so far."""
-    if not data:
-        return 0
-    with av.open(io.BytesIO(data)) as container:
-        return sum(1 for _ in container.decode(video=0))
-
-
-async def count_frames(stream: MP4ByteStream, totals: MemoryObjectSendStream[int]) -> None:
+async def send_frame_counts(stream: MP4ByteStream, totals: MemoryObjectSendStream[int]) -> None:
+    """After each read of ``stream``, send the frames its bytes so far decode to."""
     received = b""
     async with totals:
         async for data in stream:
             received += data
-            await totals.send(decoded_frames(received))
+            await totals.send(count_frames(received))
 
 
 @pytest.mark.parametrize(
@@ -239,7 +232,7 @@ async def test_a_chunks_frames_leave_no_later_than_the_next_chunks_first_frame(
         ) as session,
         anyio.create_task_group() as tg,
     ):
-        tg.start_soon(count_frames, session.open_stream(0), totals_send)
+        tg.start_soon(send_frame_counts, session.open_stream(0), totals_send)
         out = pushed = 0
         for chunk in chunks:
             await session.push(chunk)

@@ -1,4 +1,4 @@
-"""The tiny diffusers pipelines of tests/_pipelines.py run, are deterministic, and give the documented shapes.
+"""The core tiny diffusers pipelines (tests/pipelines) run, are deterministic, and give the documented shapes.
 
 tests/test_generate.py checks that streamvae decodes each one's latents as its own VAE does.
 """
@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from tests._pipelines import BUILDERS, EXPECTED
+from tests.pipelines import CORE, EXPECTED
 
-names = pytest.mark.parametrize("name", list(BUILDERS))
+names = pytest.mark.parametrize("name", list(CORE))
 
 
 @names
 def test_frames_have_the_documented_shape_and_range(name: str) -> None:
-    pipe, make_kwargs = BUILDERS[name]()
+    pipe, make_kwargs = CORE[name]()
     frames = pipe(**make_kwargs(), output_type="np").frames
     assert isinstance(frames, np.ndarray)
     assert frames.shape == EXPECTED[name].frames
@@ -28,7 +28,7 @@ def test_frames_have_the_documented_shape_and_range(name: str) -> None:
 
 @names
 def test_fresh_generators_give_identical_videos(name: str) -> None:
-    pipe, make_kwargs = BUILDERS[name]()
+    pipe, make_kwargs = CORE[name]()
     first = pipe(**make_kwargs(), output_type="np").frames
     second = pipe(**make_kwargs(), output_type="np").frames
     np.testing.assert_array_equal(first, second)
@@ -36,7 +36,7 @@ def test_fresh_generators_give_identical_videos(name: str) -> None:
 
 @names
 def test_latent_output_has_the_documented_shape(name: str) -> None:
-    pipe, make_kwargs = BUILDERS[name]()
+    pipe, make_kwargs = CORE[name]()
     latents = pipe(**make_kwargs(), output_type="latent").frames
     assert isinstance(latents, torch.Tensor)
     assert tuple(latents.shape) == EXPECTED[name].latents

@@ -7,25 +7,19 @@ real WebSocket client.
 
 from __future__ import annotations
 
-import io
 import json
-import math
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from fractions import Fraction
 from typing import Any
 
 import anyio
-import av
 import numpy as np
 import pytest
 import torch
-from starlette.applications import Starlette
-from starlette.routing import WebSocketRoute
 from starlette.types import ASGIApp, Message
 
 from streamvae import SessionOptions, decode_to_mp4
-from streamvae.demo import demo_latent, demo_vae
+from streamvae.demo import demo_latent
 from streamvae.server import create_app
 from streamvae.server._pacing import MediaTimePacer
 from streamvae.server._websocket import (
@@ -33,134 +27,10 @@ from streamvae.server._websocket import (
     MAX_START_BYTES,
     realtime_video_endpoint,
 )
-from streamvae.testing import foreign_threads, open_containers
+from streamvae.testing import open_containers
 from tests._media import DETERMINISTIC_X264, read_mp4
 from tests._server import running_server
-
-PATH = "/v1/realtime/video"
-#: seconds any one wait of a test may take before the test fails instead of hanging
-HANG = 120.0
-PINNED = SessionOptions(
-    value_range=(-1.0, 1.0), fps=Fraction(16), output="fragmented", video_codec_options=DETERMINISTIC_X264
-)
-
-
-@pytest.fixture(scope="module")
-def vae() -> Any:
-    return demo_vae()
-
-
-def app_of(vae: Any, **keywords: Any) -> Starlette:
-    return Starlette(routes=[WebSocketRoute(PATH, realtime_video_endpoint(vae, options=PINNED, **keywords))])
-
-
-# -- a WebSocket client over ASGI --
-
-
-class Client:
-    """One connection to the app, from the test's side: what it sends, what it receives."""
-
-    def __init__(self, to_app: Any, from_app: Any) -> None:
-        self._to_app = to_app
-        self._from_app = from_app
-        self.left = False
-
-    async def send_json(self, message: object) -> None:
-        await self.send_text(json.dumps(message))
-
-    async def send_text(self, text: str) -> None:
-        await self._to_app.send({"type": "websocket.receive", "text": text})
-
-    async def send_bytes(self, data: bytes) -> None:
-        await self._to_app.send({"type": "websocket.receive", "bytes": data})
-
-    async def receive(self) -> Message:
-        with anyio.fail_after(HANG):
-            message: Message = await self._from_app.receive()
-        return message
-
-    async def receive_json(self) -> dict[str, Any]:
-        message = await self.receive()
-        assert message["type"] == "websocket.send" and message.get("text") is not None, message
-        parsed: dict[str, Any] = json.loads(message["text"])
-        return parsed
-
-    async def receive_bytes(self) -> bytes:
-        message = await self.receive()
-        assert message["type"] == "websocket.send" and message.get("bytes") is not None, message
-        data: bytes = message["bytes"]
-        return data
-
-    async def closed(self) -> int:
-        """The close code the server ended the connection with (its next message must be the close)."""
-        message = await self.receive()
-        assert message["type"] == "websocket.close", message
-        code: int = message.get("code", 1000)
-        return code
-
-    async def leave(self) -> None:
-        self.left = True
-        await self._to_app.send({"type": "websocket.disconnect", "code": 1001})
-
-
-@asynccontextmanager
-async def connect(app: ASGIApp) -> AsyncIterator[Client]:
-    """A connection to ``PATH``, accepted; leaving the block leaves and waits for the app to end."""
-    scope = {
-        "type": "websocket",
-        "asgi": {"version": "3.0", "spec_version": "2.4"},
-        "scheme": "ws",
-        "path": PATH,
-        "raw_path": PATH.encode(),
-        "root_path": "",
-        "query_string": b"",
-        "headers": [],
-        "server": ("testserver", 80),
-        "client": ("testclient", 50000),
-        "subprotocols": [],
-    }
-    to_app_send, to_app_receive = anyio.create_memory_object_stream[Message](math.inf)
-    from_app_send, from_app_receive = anyio.create_memory_object_stream[Message](math.inf)
-    ended = anyio.Event()
-
-    async def serve() -> None:
-        try:
-            await app(scope, to_app_receive.receive, from_app_send.send)
-        finally:
-            ended.set()
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(serve)
-        client = Client(to_app_send, from_app_receive)
-        await to_app_send.send({"type": "websocket.connect"})
-        assert (await client.receive())["type"] == "websocket.accept"
-        yield client
-        if not client.left:
-            await client.leave()  # what a server sends the app once the connection is gone
-        with anyio.fail_after(HANG):
-            await ended.wait()
-
-
-Pieces = list[tuple[dict[str, Any], bytes]]
-
-
-async def receive_other(client: Client, pieces: Pieces) -> dict[str, Any]:
-    """The next message that is not a piece; the pieces before it (metadata, binary frame) go to ``pieces``.
-
-    The pieces a session has written go out whatever the client says meanwhile: an answer to a client
-    message may come after some of them.
-    """
-    while (message := await client.receive_json())["type"] == "video.chunk_metadata":
-        pieces.append((message, await client.receive_bytes()))
-    return message
-
-
-async def receive_until_done(client: Client) -> tuple[Pieces, dict[str, Any]]:
-    """Every piece until ``session.done``, and that message."""
-    pieces: Pieces = []
-    done = await receive_other(client, pieces)
-    assert done["type"] == "session.done", done
-    return pieces, done
+from tests._websocket import HANG, PATH, PINNED, Client, Pieces, app_of, check_pieces, connect
 
 
 async def start_and_receive_a_piece(client: Client) -> dict[str, Any]:
@@ -173,31 +43,9 @@ async def start_and_receive_a_piece(client: Client) -> dict[str, Any]:
     return start
 
 
-def frames_in(data: bytes) -> int:
-    """Frames PyAV decodes from ``data`` (a fragmented MP4 or any prefix of one made of whole pieces)."""
-    with av.open(io.BytesIO(data), mode="r") as container:
-        return len(list(container.decode(video=0)))
-
-
 def wan_step_of(frame: int) -> int:
     """The latent frame a Wan decode's video frame comes from: 1 frame, then 4 a latent frame."""
     return 0 if frame == 0 else (frame - 1) // 4 + 1
-
-
-def check_pieces(pieces: list[tuple[dict[str, Any], bytes]], request_id: str, frames: int) -> bytes:
-    """The protocol's promises about the pieces; returns their concatenation."""
-    assert [meta["transport_chunk_index"] for meta, _ in pieces] == list(range(len(pieces)))
-    for meta, data in pieces:
-        assert meta["type"] == "video.chunk_metadata" and meta["kind"] == "media"
-        assert meta["request_id"] == request_id
-        assert meta["byte_length"] == len(data) > 0
-    assert sum(meta["num_frames"] for meta, _ in pieces) == frames
-    # Each piece lets the client show exactly its num_frames more frames.
-    shown = 0
-    for count in range(1, len(pieces) + 1):
-        shown += pieces[count - 1][0]["num_frames"]
-        assert frames_in(b"".join(data for _, data in pieces[:count])) == shown
-    return b"".join(data for _, data in pieces)
 
 
 class GatedSteps:
@@ -227,14 +75,6 @@ class GatedSteps:
             self.closed = True
 
 
-@pytest.fixture
-def no_leaks() -> Iterator[None]:
-    threads = foreign_threads()
-    yield
-    assert open_containers() == 0
-    assert foreign_threads() <= threads
-
-
 START = {"type": "session.start", "num_frames": 9, "width": 48, "height": 32, "seed": 3}
 
 
@@ -247,7 +87,7 @@ async def test_a_session_sends_every_fragment_with_its_metadata_then_done(vae: A
     async with connect(app_of(vae)) as client:
         await client.send_json({**START, "format": "m4s", **ignored})
         start = await client.receive_json()
-        pieces, done = await receive_until_done(client)
+        pieces, done = await client.receive_until_done()
         assert await client.closed() == 1000
     assert start["type"] == "video.start" and start["format"] == "m4s"
     assert isinstance(start["request_id"], str) and start["request_id"]
@@ -292,7 +132,7 @@ async def test_a_custom_generator_gets_the_start_and_its_steps_number_the_pieces
     async with connect(app_of(vae, generator=two_at_a_time)) as client:
         await client.send_json({"type": "session.start", "prompt": "waves"})
         start = await client.receive_json()
-        pieces, done = await receive_until_done(client)
+        pieces, done = await client.receive_until_done()
     assert starts == [{"type": "session.start", "prompt": "waves"}]
     assert start["config"] == {"prompt": "waves", "fps": 16.0, "codecs": "avc1.64000a"}
     check_pieces(pieces, start["request_id"], 21)
@@ -311,9 +151,9 @@ async def test_ping_is_answered_with_pong_while_the_generation_runs(vae: Any, no
         await start_and_receive_a_piece(client)
         await client.send_json({"type": "session.ping"})
         pieces: Pieces = []
-        assert await receive_other(client, pieces) == {"type": "session.pong"}
+        assert await client.receive_other(pieces) == {"type": "session.pong"}
         steps.gate.set()
-        rest, done = await receive_until_done(client)
+        rest, done = await client.receive_until_done()
     assert done["stopped"] is False and done["chunks"] == 1 + len(pieces) + len(rest)
     assert steps.steps == 11
 
@@ -325,7 +165,7 @@ async def test_stop_ends_the_generation_and_done_counts_the_chunks_sent(vae: Any
         start = await start_and_receive_a_piece(client)
         await client.send_json({"type": "session.stop"})
         pieces: Pieces = []
-        done = await receive_other(client, pieces)
+        done = await client.receive_other(pieces)
         assert await client.closed() == 1000
     chunks = 1 + len(pieces)  # those sent before the stop: the frames of the two steps, 4 at most
     assert done.pop("statistics")["control_to_photon_seconds"] == []
@@ -366,7 +206,7 @@ async def test_a_client_that_stalls_gets_an_error_and_its_generation_ends(vae: A
     steps = GatedSteps(free=2)  # after the first piece nothing more comes, and the client says nothing
     async with connect(app_of(vae, generator=steps, stall_timeout=0.5)) as client:
         await start_and_receive_a_piece(client)
-        error = await receive_other(client, [])
+        error = await client.receive_other([])
         assert await client.closed() == 1008
     assert error["type"] == "error" and error["code"] == "stall_timeout"
     assert error["message"].startswith("stall timeout")
@@ -438,11 +278,11 @@ async def test_a_control_message_that_is_not_valid_is_an_error_and_the_session_g
         pieces: Pieces = []
         for text, code, error in bad:
             await client.send_text(text)
-            answer = await receive_other(client, pieces)
+            answer = await client.receive_other(pieces)
             assert answer["type"] == "error" and answer["code"] == code, answer
             assert error in answer["message"], answer
         await client.send_json({"type": "session.stop"})
-        done = await receive_other(client, pieces)
+        done = await client.receive_other(pieces)
     assert done["type"] == "session.done" and done["stopped"] is True
     assert done["chunks"] == 1 + len(pieces)
 
@@ -463,12 +303,8 @@ async def test_a_generator_that_fails_ends_the_session_with_an_error(vae: Any, n
         (gives_a_wrong_piece, "piece 0 must be of batch 1, got shape (2, 16, 1, 2, 2)"),
     ]:
         async with connect(app_of(vae, generator=generator)) as client:
-            await client.send_json({"type": "session.start"})
             # video.start comes with the first piece: a generation that fails before one sends none.
-            while (message := await client.receive_json())["type"] in ("video.start", "video.chunk_metadata"):
-                if message["type"] == "video.chunk_metadata":
-                    await client.receive_bytes()
-            assert await client.closed() == 1011
+            message = await client.receive_until_it_fails()
         assert message["type"] == "error" and error in message["message"], message
 
 
@@ -488,7 +324,7 @@ async def test_a_paced_session_waits_for_each_piece_on_the_pacer(vae: Any, no_le
     async with connect(app_of(vae, pacer=pacer)) as client:
         await client.send_json({**START, "num_frames": 13})
         await client.receive_json()
-        pieces, _ = await receive_until_done(client)
+        pieces, _ = await client.receive_until_done()
     (used,) = paced
     statistics = used.statistics()
     assert statistics.fragments == len(pieces) and statistics.frames == 13
@@ -544,7 +380,7 @@ async def test_the_demo_app_serves_the_protocol_with_the_users_generator(vae: An
     async with connect(app) as client:
         await client.send_json({"type": "session.start", "format": "m4s"})
         start = await client.receive_json()
-        pieces, done = await receive_until_done(client)
+        pieces, done = await client.receive_until_done()
     video = check_pieces(pieces, start["request_id"], 13)
     assert read_mp4(video).frames.shape == (13, 32, 32, 3) and done["stopped"] is False
     with pytest.raises(TypeError, match="^create_app: generator must be a callable"):
@@ -624,6 +460,6 @@ async def test_websocket_sessions_take_the_apps_decode_slots_and_one_beyond_them
         assert closed == {"type": "websocket.close", "code": 1013, "reason": ""}
         assert app.state.stats.rejected == 2
         release.set()
-        pieces, done = await receive_until_done(client)
+        pieces, done = await client.receive_until_done()
     assert pieces and done["stopped"] is False
     assert app.state.stats.active == 0 and app.state.stats.completed == 1  # the slot was given back

@@ -13,9 +13,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from streamvae._codec_options import NoEncoderError
     from streamvae._decode import decode_to_mp4, stream_mp4
-    from streamvae._errors import RingAbortedError, SessionClosedError, StreamVAEError, UnreadStreamError
+    from streamvae._errors import (
+        NoEncoderError,
+        RingAbortedError,
+        SessionClosedError,
+        StreamVAEError,
+        UnreadStreamError,
+    )
     from streamvae._fragments import MP4Piece
     from streamvae._latent_stream import LatentStream, LatentStreamStatistics, open_latent_stream
     from streamvae._options import SessionKeywords, SessionOptions
@@ -37,7 +42,7 @@ _HOMES = {
     "LatentStreamStatistics": "_latent_stream",
     "MP4ByteStream": "_sinks",
     "MP4Piece": "_fragments",
-    "NoEncoderError": "_codec_options",
+    "NoEncoderError": "_errors",
     "PerChannelRange": "_quantize",
     "PinnedChunkRing": "_transfer",
     "RingAbortedError": "_errors",

@@ -21,7 +21,7 @@ import difflib
 import math
 from collections.abc import Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import anyio
 
@@ -43,6 +43,7 @@ __all__ = [
     "check_seconds",
     "check_waveform",
     "did_you_mean",
+    "is_int",
     "prefixed",
 ]
 
@@ -61,16 +62,16 @@ def check_int(
 ) -> int:
     """``value`` if it is an int (not a bool) from ``minimum`` to ``maximum``, else a ValueError naming
     ``name``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
+    if not is_int(value) or value < minimum or (maximum is not None and value > maximum):
         shown = f"{type(value).__name__} {value!r}" if not isinstance(value, int) else repr(value)
         bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
         raise ValueError(prefixed(owner, f"{name} must be an int {bounds}, got {shown}"))
     return value
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """Whether ``value`` is an int and not a bool (``True`` is an int to Python, not to a user or JSON)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_bool(name: str, value: object, *, owner: str | None = None) -> bool:

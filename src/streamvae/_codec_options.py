@@ -1,8 +1,13 @@
-"""What an encoder is configured with: codec defaults and checks, and ``video_codec="auto"`` (its ladder of
-encoders, their probes, and the codec-neutral options it translates for each).
+"""What an encoder is configured with: the rung table, codec defaults and checks, and
+``video_codec="auto"``'s ladder (its probes, and the codec-neutral options it translates for each rung).
 
-Everything here is decided before an encoder opens (``SessionOptions`` checks with it); ``_encode`` opens
-the container and the codec with it, and climbs the ladder when an open fails.
+Each video encoder streamvae knows more of than FFmpeg's defaults is one :class:`Rung` record: its name,
+how the codec-neutral options (``crf`` on x264's 0–51, an x264 ``preset``, ``threads``, ``g``) read in its
+own terms, whether it looks ahead, and the codec string its MP4 carries. :data:`VIDEO_RUNGS` is the ladder,
+in the order ``"auto"`` climbs it; a new rung is one record there, and every default, translation, error
+message and probe follows from it. Everything here is decided before an encoder opens (``SessionOptions``
+checks with it); ``_encode`` opens the container and the codec with it, and climbs the ladder when an open
+fails.
 
 The ladder exists because FFmpeg builds differ: one without GPL parts (a licence-conscious image,
 conda-forge's LGPL build) has no libx264 or libx265, some runtime images removed software H.264, H.265 and
@@ -18,7 +23,8 @@ import io
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -26,8 +32,7 @@ import av
 import numpy as np
 
 from streamvae._checks import did_you_mean
-from streamvae._errors import StreamVAEError
-from streamvae._public import public
+from streamvae._errors import NoEncoderError
 
 __all__ = [
     "AUDIO_LADDER",
@@ -38,11 +43,11 @@ __all__ = [
     "OPEN_FAILURES",
     "OPUS_SAMPLE_RATE",
     "SVT_AV1_PRESETS",
-    "VIDEO_LADDER",
+    "VIDEO_RUNGS",
     "VP9_SPEEDS",
     "X264_PRESETS",
-    "NoEncoderError",
     "OutputKind",
+    "Rung",
     "audio_encoder",
     "auto_codec_options",
     "auto_video_codec",
@@ -50,17 +55,15 @@ __all__ = [
     "default_codec_options",
     "encode_failure",
     "merge_codec_options",
+    "video_rung",
 ]
 
 #: ``"mp4"``: one complete MP4 with the moov at the front, available at the end.
 #: ``"fragmented"``: fragmented MP4 (moov first, then a fragment every few frames), available as written.
 OutputKind = Literal["mp4", "fragmented"]
 
-# -- the ladder --
+# -- the probes --
 
-#: The video encoders ``video_codec="auto"`` tries, in order: NVENC where the GPU has it, then x264, then the
-#: two that builds without GPL parts keep (SVT-AV1, libvpx's VP9). Every one writes MP4 a browser plays.
-VIDEO_LADDER = ("h264_nvenc", "libx264", "libsvtav1", "libvpx-vp9")
 #: The audio encoders, in order: AAC, then Opus (in MP4 since FFmpeg 4.3; every browser plays it).
 AUDIO_LADDER = ("aac", "libopus")
 #: The one rate Opus takes here: a track at another rate is resampled to it (Opus has no 44.1 kHz).
@@ -68,28 +71,6 @@ OPUS_SAMPLE_RATE = 48_000
 
 #: What a failed open of an encoder raises: FFmpeg's refusal, or a name this PyAV build has no encoder for.
 OPEN_FAILURES = (av.FFmpegError, av.codec.codec.UnknownCodecError)
-
-
-@public
-class NoEncoderError(StreamVAEError, RuntimeError):
-    """No encoder of a ladder works on this machine: the error names every rung tried, and why each failed.
-
-    ``kind`` is ``"video"`` (``video_codec="auto"``'s ladder) or ``"audio"`` (AAC, then Opus); ``tried``
-    holds ``(encoder, why)`` per rung, in the order tried.
-    """
-
-    def __init__(self, kind: str, tried: Sequence[tuple[str, str]]) -> None:
-        rungs = "; ".join(f"{codec}: {why}" for codec, why in tried)
-        super().__init__(
-            f"no {kind} encoder works in this PyAV build (FFmpeg {av.ffmpeg_version_info}): tried {rungs}"
-        )
-        #: ``"video"`` or ``"audio"``
-        self.kind = kind
-        #: ``(encoder, why it failed)`` per rung, in the order tried
-        self.tried = tuple(tried)
-
-    def __reduce__(self) -> tuple[type[NoEncoderError], tuple[str, tuple[tuple[str, str], ...]]]:
-        return type(self), (self.kind, self.tried)
 
 
 _probe_lock = threading.Lock()
@@ -144,12 +125,12 @@ def _probe(codec: str) -> str | None:
 
 
 def auto_video_codec() -> str:
-    """What ``video_codec="auto"`` chooses first on this machine: the first rung of :data:`VIDEO_LADDER`
+    """What ``video_codec="auto"`` chooses first on this machine: the first rung of :data:`VIDEO_RUNGS`
     whose probe encodes (:func:`encode_failure`); :class:`NoEncoderError` naming every rung if none does.
 
     A session whose open of it fails (NVENC's session limit) goes on to the rungs after it.
     """
-    return _first_that_encodes("video", VIDEO_LADDER)
+    return _first_that_encodes("video", tuple(rung.name for rung in VIDEO_RUNGS))
 
 
 def audio_encoder() -> str:
@@ -172,29 +153,21 @@ def _first_that_encodes(kind: Literal["video", "audio"], ladder: tuple[str, ...]
 
 # -- a named encoder: its checks and defaults --
 
-#: Encoders that look ahead and reorder frames unless told not to (their ``tune`` takes "zerolatency").
-_LOOKAHEAD_ENCODERS = frozenset({"libx264", "libx265"})
-#: Encoders whose defaults are x264's, translated (:func:`auto_codec_options`): their own low-latency modes.
-_TRANSLATED_ENCODERS = frozenset({"libsvtav1", "libvpx-vp9"})
-
 
 def default_codec_options(codec: str, output: OutputKind = "mp4") -> dict[str, str]:
-    """Options that keep an encode up with a GPU decode: for x264/x265 crf 18, veryfast, a bounded thread
-    count, and for fragmented output also ``tune=zerolatency``; for SVT-AV1 and libvpx-vp9 the same,
-    translated (see :func:`auto_codec_options`), with their own low-latency modes. Other encoders: none.
+    """Options that keep an encode up with a GPU decode: x264's crf 18, veryfast and a bounded thread count
+    (:func:`_neutral_defaults`), in the terms of ``codec``'s :class:`Rung` (:meth:`Rung.options`: for
+    x264/x265 as they are, with ``tune=zerolatency`` for fragmented output; for SVT-AV1 and libvpx-vp9
+    translated, with their own low-latency modes). NVENC, and encoders without a rung: none.
 
     The thread count is ``min(4, cores)``; pin ``threads`` yourself for byte-identical output across machines.
     zerolatency turns off frame reordering (B-frames) and the lookahead, so the first packet comes out with
     frame 0 instead of ~11 frames later: a streamed frame is only worth something once it has left.
     """
-    if codec in _TRANSLATED_ENCODERS:
-        return _translated(codec, default_codec_options("libx264"), output)
-    if codec not in _LOOKAHEAD_ENCODERS:
+    rung = video_rung(codec)
+    if rung is None or not rung.named_defaults:
         return {}
-    options = {"crf": "18", "preset": "veryfast", "threads": str(min(4, os.cpu_count() or 1))}
-    if output == "fragmented":
-        options["tune"] = "zerolatency"
-    return options
+    return rung.options(_neutral_defaults(), output)
 
 
 @functools.cache
@@ -259,7 +232,7 @@ def _try_instead() -> str:
     try:
         av.codec.Codec("libx264", "w")
     except av.codec.codec.UnknownCodecError:
-        return f"try 'auto' (the first of {', '.join(VIDEO_LADDER)} that works here)"
+        return f"try 'auto' (the first of {_LADDER_NAMES} that works here)"
     return "try 'libx264'"
 
 
@@ -343,7 +316,7 @@ def _check_neutral_options(options: Mapping[str, str]) -> None:
         if name not in CODEC_NEUTRAL_OPTIONS:
             raise ValueError(
                 f"video_codec_options: {name!r} is not codec-neutral: video_codec='auto' may choose any of "
-                f"{', '.join(VIDEO_LADDER)}, and accepts only {', '.join(CODEC_NEUTRAL_OPTIONS)} "
+                f"{_LADDER_NAMES}, and accepts only {', '.join(CODEC_NEUTRAL_OPTIONS)} "
                 "(name the codec to pass its own options)"
             )
         if name == "preset" and value not in X264_PRESETS:
@@ -379,55 +352,121 @@ def auto_codec_options(
     codec: str, options: Mapping[str, str] | None, output: OutputKind = "mp4"
 ) -> dict[str, str]:
     """The options rung ``codec`` gets under ``video_codec="auto"``: the codec-neutral ``options`` over
-    x264's defaults (crf 18, veryfast, ``min(4, cores)`` threads), translated for the rung.
-
-    - libx264 takes them as they are (with ``tune=zerolatency`` for fragmented output).
-    - h264_nvenc: ``crf`` N → ``rc=vbr``, ``cq`` N, ``b=0`` (constant quality on NVENC's own, roughly
-      comparable, scale), ``preset`` through :data:`NVENC_PRESETS`, and for fragmented output
-      ``zerolatency`` (no reordering delay).
-    - libsvtav1: ``crf`` stretched from x264's 0–51 onto SVT-AV1's 1–63 (18 → 22; it has no lossless crf),
-      ``preset`` through :data:`SVT_AV1_PRESETS`, ``threads`` as its level of parallelism ``lp`` (0 its
-      choice, 1 its fewest threads, at most 6), ``g`` 0 as 1 (every frame a keyframe: FFmpeg's wrapper
-      leaves 0 to SVT-AV1's default). For fragmented output its real-time mode ``rtc=1``: low delay, one
-      packet per frame (its default random-access order holds ~20 frames back).
-    - libvpx-vp9: ``crf`` stretched onto 0–63 with ``b=0`` (constant quality), ``preset`` as ``cpu-used``
-      through :data:`VP9_SPEEDS`, ``threads`` and ``g`` as they are, and always the realtime deadline,
-      ``lag-in-frames=0`` and ``row-mt=1``: at the good deadline it is ~2× slower than x264 veryfast, and
-      under the realtime one a lookahead only holds frames back (measured: the same bytes).
+    :func:`_neutral_defaults`, in the rung's own terms (:meth:`Rung.options`; each rung's translation says
+    what it does with each option). ValueError for an encoder without a rung.
     """
-    if codec in _LOOKAHEAD_ENCODERS:
-        return merge_codec_options(codec, options, output)
-    return _translated(codec, {**default_codec_options("libx264"), **(options or {})}, output)
+    rung = video_rung(codec)
+    if rung is None:
+        raise ValueError(f"auto_codec_options: {codec!r} is not a rung of {_LADDER_NAMES}")
+    return rung.options({**_neutral_defaults(), **(options or {})}, output)
 
 
-def _translated(codec: str, neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
-    """The codec-neutral options ``neutral`` (crf and preset given) in ``codec``'s own terms."""
-    crf, preset = float(neutral["crf"]), neutral["preset"]
-    threads, keyframes = neutral.get("threads"), neutral.get("g")
-    translated: dict[str, str] = {}
-    if codec == "h264_nvenc":
-        translated.update(rc="vbr", cq=neutral["crf"], b="0", preset=NVENC_PRESETS[preset])
-        if output == "fragmented":
-            translated["zerolatency"] = "1"
-        passed = {"threads": threads, "g": keyframes}
-    elif codec == "libsvtav1":
-        translated.update(crf=str(max(1, _stretched(crf))), preset=SVT_AV1_PRESETS[preset])
-        parameters = [] if threads is None else [f"lp={min(int(threads), _MAX_SVT_PARALLELISM)}"]
-        if output == "fragmented":
-            parameters.append("rtc=1")
-        if parameters:
-            translated["svtav1-params"] = ":".join(parameters)
-        passed = {"g": None if keyframes is None else str(max(1, int(keyframes)))}
-    elif codec == "libvpx-vp9":
-        translated.update(crf=str(_stretched(crf)), b="0", deadline="realtime")
-        translated.update({"cpu-used": VP9_SPEEDS[preset], "lag-in-frames": "0", "row-mt": "1"})
-        passed = {"threads": threads, "g": keyframes}
-    else:
-        raise ValueError(f"auto_codec_options: {codec!r} is not a rung of {', '.join(VIDEO_LADDER)}")
-    translated.update({name: value for name, value in passed.items() if value is not None})
-    return translated
+def _neutral_defaults() -> dict[str, str]:
+    """The codec-neutral options every rung starts from: crf 18, veryfast, ``min(4, cores)`` threads."""
+    return {"crf": "18", "preset": "veryfast", "threads": str(min(4, os.cpu_count() or 1))}
 
 
 def _stretched(crf: float) -> int:
     """x264's crf (0–51) on the 0–63 scale of SVT-AV1 and libvpx-vp9, rounded."""
     return round(crf * _MAX_AV1_VP9_CRF / MAX_CRF)
+
+
+# -- the rung table --
+
+
+@dataclass(frozen=True)
+class Rung:
+    """A video encoder streamvae configures: the one record of what is particular to it.
+
+    A new encoder for the ladder is a record in :data:`VIDEO_RUNGS` with its translation of the
+    codec-neutral options; nothing else lists the encoders.
+    """
+
+    #: FFmpeg's name of the encoder
+    name: str
+    #: the codec-neutral options (``crf`` and ``preset`` given, ``threads`` and ``g`` when set) in its own
+    #: terms, for an output kind (its own low-latency mode included; a look-ahead one's is :meth:`options`')
+    translate: Callable[[Mapping[str, str], OutputKind], dict[str, str]]
+    #: it looks ahead and reorders frames unless its ``tune`` is zerolatency (set for fragmented output)
+    lookahead: bool
+    #: the start of the RFC 6381 codec string its MP4 carries (``avc1``); None: one streamvae does not read
+    codecs: str | None
+    #: it copies each input picture inside ``encode()`` (x264_encoder_encode, x265_encoder_encode), so a
+    #: frame may wrap memory the caller reuses as soon as the call returns
+    copies_frames: bool = False
+    #: named by ``video_codec``, it opens with :func:`_neutral_defaults` in its terms; False: FFmpeg's own
+    named_defaults: bool = True
+
+    def options(self, neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
+        """``neutral`` in this encoder's terms; a look-ahead encoder's fragmented output gets zerolatency."""
+        options = self.translate(neutral, output)
+        if self.lookahead and output == "fragmented":
+            options["tune"] = "zerolatency"
+        return options
+
+
+def _as_x264(neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
+    """x264 and x265: the codec-neutral options are theirs, as they are."""
+    return dict(neutral)
+
+
+def _as_nvenc(neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
+    """h264_nvenc: ``crf`` N → ``rc=vbr``, ``cq`` N, ``b=0`` (constant quality on NVENC's own, roughly
+    comparable, scale), ``preset`` through :data:`NVENC_PRESETS`, ``threads`` and ``g`` as they are, and
+    for fragmented output ``zerolatency`` (no reordering delay)."""
+    options = {"rc": "vbr", "cq": neutral["crf"], "b": "0", "preset": NVENC_PRESETS[neutral["preset"]]}
+    if output == "fragmented":
+        options["zerolatency"] = "1"
+    return options | _given(threads=neutral.get("threads"), g=neutral.get("g"))
+
+
+def _as_svtav1(neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
+    """libsvtav1: ``crf`` stretched from x264's 0–51 onto SVT-AV1's 1–63 (18 → 22; it has no lossless
+    crf), ``preset`` through :data:`SVT_AV1_PRESETS`, ``threads`` as its level of parallelism ``lp`` (0 its
+    choice, 1 its fewest threads, at most 6), ``g`` 0 as 1 (every frame a keyframe: FFmpeg's wrapper leaves
+    0 to SVT-AV1's default). For fragmented output its real-time mode ``rtc=1``: low delay, one packet per
+    frame (its default random-access order holds ~20 frames back)."""
+    crf, threads, keyframes = float(neutral["crf"]), neutral.get("threads"), neutral.get("g")
+    options = {"crf": str(max(1, _stretched(crf))), "preset": SVT_AV1_PRESETS[neutral["preset"]]}
+    parameters = [] if threads is None else [f"lp={min(int(threads), _MAX_SVT_PARALLELISM)}"]
+    if output == "fragmented":
+        parameters.append("rtc=1")
+    if parameters:
+        options["svtav1-params"] = ":".join(parameters)
+    return options | _given(g=None if keyframes is None else str(max(1, int(keyframes))))
+
+
+def _as_vp9(neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
+    """libvpx-vp9: ``crf`` stretched onto 0–63 with ``b=0`` (constant quality), ``preset`` as ``cpu-used``
+    through :data:`VP9_SPEEDS`, ``threads`` and ``g`` as they are, and always the realtime deadline,
+    ``lag-in-frames=0`` and ``row-mt=1``: at the good deadline it is ~2× slower than x264 veryfast, and
+    under the realtime one a lookahead only holds frames back (measured: the same bytes)."""
+    options = {"crf": str(_stretched(float(neutral["crf"]))), "b": "0", "deadline": "realtime"}
+    options.update({"cpu-used": VP9_SPEEDS[neutral["preset"]], "lag-in-frames": "0", "row-mt": "1"})
+    return options | _given(threads=neutral.get("threads"), g=neutral.get("g"))
+
+
+def _given(**options: str | None) -> dict[str, str]:
+    """The options that have a value."""
+    return {name: value for name, value in options.items() if value is not None}
+
+
+#: ``video_codec="auto"``'s ladder, in the order it is climbed: NVENC where the GPU has it (FFmpeg's own
+#: defaults when named), then x264, then the two that builds without GPL parts keep (SVT-AV1, libvpx's VP9).
+#: Every one writes MP4 a browser plays.
+VIDEO_RUNGS = (
+    Rung("h264_nvenc", _as_nvenc, lookahead=False, codecs="avc1", named_defaults=False),
+    Rung("libx264", _as_x264, lookahead=True, codecs="avc1", copies_frames=True),
+    Rung("libsvtav1", _as_svtav1, lookahead=False, codecs="av01"),
+    Rung("libvpx-vp9", _as_vp9, lookahead=False, codecs="vp09"),
+)
+#: Configured as libx264 is, and never climbed to: few browsers play HEVC from MP4.
+_LIBX265 = Rung("libx265", _as_x264, lookahead=True, codecs=None, copies_frames=True)
+_RUNGS = {rung.name: rung for rung in (*VIDEO_RUNGS, _LIBX265)}
+#: the ladder as messages name it
+_LADDER_NAMES = ", ".join(rung.name for rung in VIDEO_RUNGS)
+
+
+def video_rung(codec: str | None) -> Rung | None:
+    """The :class:`Rung` of encoder ``codec``; None for one streamvae leaves to FFmpeg's defaults."""
+    return None if codec is None else _RUNGS.get(codec)

@@ -9,9 +9,9 @@ decode, which never skips a collective). Only then does the caller see the outco
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any, Unpack
+from typing import Any, NamedTuple, Unpack
 
 import anyio
 from torch import Tensor
@@ -30,7 +30,7 @@ from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
 from streamvae.models import ChunkedDecoder, as_decoder
 
-__all__ = ["decode_to_mp4", "stream_mp4"]
+__all__ = ["StreamedDecode", "decode_to_mp4", "open_decode", "stream_mp4"]
 
 
 @public
@@ -118,6 +118,43 @@ def stream_mp4(
     Every argument is checked by the call itself, before the block is entered (shapes and options only:
     no decode step, no file written).
     """
+    checked = _check_stream(vae, z, decode_limiter, on_session, max_buffered, options, session_options)
+    _check_live_audio(checked.options, on_session, "stream_mp4")
+    return _handed_on(_streamed(checked, max_buffered), on_session)
+
+
+class StreamedDecode(NamedTuple):
+    """A decode in flight: its session and one fragmented-MP4 byte stream per batch entry."""
+
+    session: ChunkedVideoMP4Session
+    streams: list[MP4ByteStream]
+
+
+def open_decode(
+    vae: Any, z: Tensor, *, decode_limiter: anyio.CapacityLimiter | None, options: SessionOptions
+) -> AbstractAsyncContextManager[StreamedDecode]:
+    """:func:`stream_mp4`'s checks and block for the server and the command line, which read the session
+    (its statistics, its frames) themselves: the block yields it with the streams."""
+    return _streamed(_check_stream(vae, z, decode_limiter, None, 4, options, {}), 4)
+
+
+class _CheckedStream(NamedTuple):
+    decoder: ChunkedDecoder
+    z: Tensor
+    decode_limiter: anyio.CapacityLimiter | None
+    options: SessionOptions
+
+
+def _check_stream(
+    vae: Any,
+    z: Tensor,
+    decode_limiter: object,
+    on_session: object,
+    max_buffered: object,
+    options: SessionOptions | None,
+    session_options: Mapping[str, Any],
+) -> _CheckedStream:
+    """:func:`stream_mp4`'s arguments, checked in order (shapes and options only)."""
     owner = "stream_mp4"
     decoder = as_decoder(vae, owner=owner)
     decoder.check_latents(z, owner=owner)  # shapes only
@@ -129,8 +166,7 @@ def stream_mp4(
     defaults = {**_defaults(decoder), "output": "fragmented"}
     checked = resolve_options(owner, options, session_options, **defaults)
     checked.check_batch(z.shape[0], owner=owner)
-    _check_live_audio(checked, on_session, owner)
-    return _streamed(decoder, z, checked_limiter, on_session, max_buffered, checked)
+    return _CheckedStream(decoder, z, checked_limiter, checked)
 
 
 def _check_live_audio(options: SessionOptions, on_session: object, owner: str) -> None:
@@ -145,41 +181,36 @@ def _check_live_audio(options: SessionOptions, on_session: object, owner: str) -
 
 
 @asynccontextmanager
-async def _streamed(
-    decoder: ChunkedDecoder,
-    z: Tensor,
-    decode_limiter: anyio.CapacityLimiter | None,
+async def _handed_on(
+    decode: AbstractAsyncContextManager[StreamedDecode],
     on_session: Callable[[ChunkedVideoMP4Session], None] | None,
-    max_buffered: int,
-    checked: SessionOptions,
 ) -> AsyncIterator[list[MP4ByteStream]]:
-    """The block of :func:`stream_mp4`, over the arguments it checked."""
+    """The block of :func:`stream_mp4`: the streams, the session handed to ``on_session`` first."""
+    async with decode as (session, streams):
+        if on_session is not None:
+            on_session(session)
+        yield streams
+
+
+@asynccontextmanager
+async def _streamed(checked: _CheckedStream, max_buffered: int) -> AsyncIterator[StreamedDecode]:
+    """The decode of a checked :func:`stream_mp4` call, as the session's producer."""
     owner = "stream_mp4"
-    limiter = decode_limiter_or_own(decode_limiter)
-    session = ChunkedVideoMP4Session(options=checked)
+    decoder, z = checked.decoder, checked.z
+    limiter = decode_limiter_or_own(checked.decode_limiter)
+    session = ChunkedVideoMP4Session(options=checked.options)
     streams = [session.open_stream(entry, max_buffered=max_buffered) for entry in range(z.shape[0])]
-    decode_scope = anyio.CancelScope()
     on_chunk = chunk_bridge(session, owner)
 
     async def decode() -> None:
-        with decode_scope:
-            await run_decode_worker(run_decode, decoder, z, on_chunk, owner, limiter=limiter)
-            await session.finish()
+        await run_decode_worker(run_decode, decoder, z, on_chunk, owner, limiter=limiter)
+        await session.finish()
 
     # The peers hear how the session ended (what leaves it: a reader that closed its stream mid-video, an
     # encoder's error at the end) once it has: not in decode(), which the block's end cancels once its
-    # streams are read, a success.
-    async with outcome_told(decoder), session:
-        if on_session is not None:
-            on_session(session)
-        # The decode is the session's producer: its error reaches the streams and the block unwrapped.
-        session.start_producer(decode)
-        try:
-            yield streams
-        finally:
-            decode_scope.cancel()  # a no-op once the decode is done; stops it if the caller left early
-            for stream in streams:
-                await stream.aclose()
+    # streams are read, a success. The decode's error reaches the streams and the block unwrapped.
+    async with outcome_told(decoder), session, session.producing(decode, streams):
+        yield StreamedDecode(session, streams)
 
 
 def _defaults(decoder: ChunkedDecoder) -> dict[str, Any]:

@@ -8,10 +8,14 @@ value of :meth:`EntryEncoder.encode` / :meth:`EntryEncoder.finish`, between fram
 back as :class:`MP4Piece` (whole fragments that know their frames, cut here once, in the worker thread),
 which every consumer downstream takes as they are.
 
-The container is opened here, so its muxer options and I/O are here too, and so is the climb down
-``video_codec="auto"``'s ladder when an open fails; what each codec is opened with (defaults, checks, the
-ladder's rungs and probes) is ``_codec_options``'. A soundtrack is AAC at the waveform's own rate where this
-build has an AAC encoder; else Opus, resampled to 48 kHz (Opus takes no 44.1 kHz), on the same timeline.
+The container is opened here, so its muxer options and I/O are here too, one target per kind of output
+with one interface: :class:`FragmentedTarget` (fragments handed on as the muxer writes them) and
+:class:`FaststartTarget` (the whole file at the end). The soundtrack is :class:`_Soundtrack`, fed from one
+:class:`LiveAudioTrack` whether the audio is pushed as it is made or given whole (a track that is already
+complete). The climb down ``video_codec="auto"``'s ladder when an open fails is here; what each codec is
+opened with (the rung table, defaults, checks and probes) is ``_codec_options``'. A soundtrack is AAC at
+the waveform's own rate where this build has an AAC encoder; else Opus, resampled to 48 kHz (Opus takes no
+44.1 kHz), on the same timeline.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import av
 import numpy as np
@@ -31,14 +35,15 @@ from streamvae._codec_options import (
     ENCODER_PIXEL_FORMAT,
     OPEN_FAILURES,
     OPUS_SAMPLE_RATE,
-    VIDEO_LADDER,
-    NoEncoderError,
+    VIDEO_RUNGS,
     OutputKind,
     audio_encoder,
     auto_codec_options,
     encode_failure,
     merge_codec_options,
+    video_rung,
 )
+from streamvae._errors import NoEncoderError
 from streamvae._fragments import FragmentCutter, MP4Piece, codec_string
 from streamvae._live_audio import LiveAudioTrack, samples_for_frames
 from streamvae._output_file import OutputFile
@@ -46,7 +51,9 @@ from streamvae._quantize import PixelFormat
 
 __all__ = [
     "EntryEncoder",
-    "container_options",
+    "FaststartTarget",
+    "FragmentedTarget",
+    "OutputTarget",
     "faststart_io_open",
     "open_containers",
     "open_entry_encoders",
@@ -57,32 +64,127 @@ __all__ = [
 _BT709 = 1
 _LIMITED_RANGE = 1
 
-#: Encoders that copy each input picture inside ``encode()`` (x264_encoder_encode / x265_encoder_encode copy
-#: it into their own frames), so a frame may wrap memory the caller reuses as soon as the call returns.
-_COPYING_ENCODERS = frozenset({"libx264", "libx265"})
+
+# -- the container: how many are open --
+
+_open_containers = 0
+_open_containers_lock = threading.Lock()
 
 
-# -- the container: the muxer's options, its I/O, how many are open --
+def open_containers() -> int:
+    """MP4 containers open in this process right now (a leak check for tests and servers)."""
+    return _open_containers
 
-_FRAGMENT_FLAGS = "empty_moov+default_base_moof+frag_every_frame"
+
+def _opened(container: Any) -> Any:
+    global _open_containers
+    with _open_containers_lock:
+        _open_containers += 1
+    return container
 
 
-def container_options(output: OutputKind, fps: Fraction, fragment_frames: int = 1) -> dict[str, str]:
-    """The mov muxer's options: faststart for a plain MP4; for fragmented MP4 a fragment every
-    ``fragment_frames`` frames, whatever the keyframes.
+def _close(container: Any) -> None:
+    global _open_containers
+    with _open_containers_lock:
+        _open_containers -= 1
+    container.close()
 
-    FFmpeg's mov muxer closes a fragment only when the next packet arrives (PyAV has no call that flushes
-    one on demand): ``frag_every_frame`` closes it at the very next packet, and ``min_frag_duration``
-    (half a frame under ``fragment_frames`` frames) keeps it open until it holds that many. The gate is
-    needed even for one frame a fragment: an audio packet that closes a fragment holding a single video
-    frame leaves that frame with a duration of 0 and shifts the ones after it (FFmpeg 8.1).
-    ``delay_moov``: the moov waits for the first packets, so it carries the edit list that starts every
-    track at 0 (AAC's priming, or B-frames a user turned back on, would otherwise shift the timeline).
+
+# -- the targets: where the muxer writes, and how its bytes come out --
+
+
+class OutputTarget(Protocol):
+    """Where an entry's muxer writes, one per kind of output, made afresh for each open.
+
+    :meth:`take` and :meth:`finish` return ``(bytes, pieces)``: the bytes the muxer wrote since the last
+    call (what an output file gets) and the pieces they complete (what is handed on). A target holds what
+    it was written until the encoder drops it.
     """
-    if output != "fragmented":
+
+    def open_container(self) -> Any:
+        """A PyAV container for writing into this target, with the muxer's options."""
+        ...
+
+    def take(self) -> tuple[bytes, list[MP4Piece]]:
+        """While encoding: what the muxer wrote since the last call, and the pieces it completes."""
+        ...
+
+    def finish(self, frames: int) -> tuple[bytes, list[MP4Piece]]:
+        """Once the container closed (its trailer written, ``frames`` frames in all): the rest."""
+        ...
+
+
+class FragmentedTarget:
+    """Fragmented MP4 (``output="fragmented"``): every fragment is handed on as the muxer writes it.
+
+    The muxer writes into a :class:`_ByteCollector`; its bytes are cut once, by a :class:`FragmentCutter`,
+    into whole fragments that know their frames.
+    """
+
+    def __init__(self, fps: Fraction, fragment_frames: int) -> None:
+        self._fps = fps
+        self._fragment_frames = fragment_frames
+        self._collector = _ByteCollector()
+        self._cutter = FragmentCutter()
+
+    def muxer_options(self) -> dict[str, str]:
+        """A fragment every ``fragment_frames`` frames, whatever the keyframes.
+
+        FFmpeg's mov muxer closes a fragment only when the next packet arrives (PyAV has no call that
+        flushes one on demand): ``frag_every_frame`` closes it at the very next packet, and
+        ``min_frag_duration`` (half a frame under ``fragment_frames`` frames) keeps it open until it holds
+        that many. The gate is needed even for one frame a fragment: an audio packet that closes a fragment
+        holding a single video frame leaves that frame with a duration of 0 and shifts the ones after it
+        (FFmpeg 8.1). ``delay_moov``: the moov waits for the first packets, so it carries the edit list
+        that starts every track at 0 (AAC's priming, or B-frames a user turned back on, would otherwise
+        shift the timeline).
+        """
+        microseconds = (Fraction(self._fragment_frames) - Fraction(1, 2)) / self._fps * 1_000_000
+        return {
+            "movflags": "empty_moov+default_base_moof+frag_every_frame+delay_moov",
+            "min_frag_duration": str(int(microseconds)),
+        }
+
+    def open_container(self) -> Any:
+        return av.open(self._collector, mode="w", format="mp4", options=self.muxer_options())
+
+    def take(self) -> tuple[bytes, list[MP4Piece]]:
+        data = self._collector.take()
+        return data, self._cutter.feed(data) if data else []
+
+    def finish(self, frames: int) -> tuple[bytes, list[MP4Piece]]:
+        data, pieces = self.take()
+        rest = self._cutter.rest()  # what follows the last fragment: the mfra
+        return data, pieces if rest is None else [*pieces, rest]
+
+
+class FaststartTarget:
+    """A plain MP4 (``output="mp4"``): written into memory, the moov moved to the front when the trailer is
+    written, and handed on whole, one piece, at the end (it is only complete once the moov is written)."""
+
+    def __init__(self) -> None:
+        self._memory = io.BytesIO()
+
+    def muxer_options(self) -> dict[str, str]:
+        """faststart: the moov up front, so a player starts before the whole file has arrived."""
         return {"movflags": "+faststart"}
-    microseconds = (Fraction(fragment_frames) - Fraction(1, 2)) / fps * 1_000_000
-    return {"movflags": _FRAGMENT_FLAGS + "+delay_moov", "min_frag_duration": str(int(microseconds))}
+
+    def open_container(self) -> Any:
+        io_open = faststart_io_open(self._memory)
+        return av.open(self._memory, mode="w", format="mp4", options=self.muxer_options(), io_open=io_open)
+
+    def take(self) -> tuple[bytes, list[MP4Piece]]:
+        return b"", []  # nothing is whole before the trailer
+
+    def finish(self, frames: int) -> tuple[bytes, list[MP4Piece]]:
+        data = self._memory.getvalue()
+        return data, [MP4Piece(data, frames, frames, codec_string(data))]
+
+
+def _target(output: OutputKind, fps: Fraction, fragment_frames: int) -> OutputTarget:
+    if output == "fragmented":
+        return FragmentedTarget(fps, fragment_frames)
+    return FaststartTarget()
 
 
 def faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.BytesIO]:
@@ -102,15 +204,6 @@ def faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.Byt
     return io_open
 
 
-_open_containers = 0
-_open_containers_lock = threading.Lock()
-
-
-def open_containers() -> int:
-    """MP4 containers open in this process right now (a leak check for tests and servers)."""
-    return _open_containers
-
-
 class _ByteCollector:
     """A write-only, non-seekable file for PyAV: it keeps what the muxer writes until taken."""
 
@@ -126,6 +219,73 @@ class _ByteCollector:
         return data
 
 
+# -- the soundtrack --
+
+
+class _Soundtrack:
+    """An entry's audio stream in its container, fed from one :class:`LiveAudioTrack` up to the video's time.
+
+    AAC at the track's rate, or where this build has no AAC encoder Opus at 48 kHz through a resampler (to
+    the packed samples libopus takes, whatever the rate). Every call continues the one stream, which starts
+    at 0 like the video.
+    """
+
+    def __init__(self, container: Any, track: LiveAudioTrack, sample_rate: int) -> None:
+        self.codec = audio_encoder()
+        self._container = container
+        self._track = track
+        self._rate = sample_rate
+        self._layout = "mono" if track.channels == 1 else "stereo"
+        rate = sample_rate if self.codec == "aac" else OPUS_SAMPLE_RATE
+        self._stream = container.add_stream(self.codec, rate=rate, layout=self._layout)
+        self._resampler: Any = None  # Opus: the track's rate → 48 kHz
+        if self.codec != "aac":
+            encoded = self._stream.codec_context.format.name  # the stream's own: s16 for libopus
+            self._resampler = av.AudioResampler(format=encoded, layout=self._layout, rate=rate)
+        self._sent = 0  # samples of the track's rate encoded so far
+        self._out = 0  # samples the audio encoder was given, at its own rate
+
+    def send(self, until: int) -> None:
+        """Encode the track's samples after those sent so far, up to sample index ``until``, as far as they
+        have arrived (a complete track: and silence for any missing, since no more will come)."""
+        if until <= self._sent:
+            return
+        start = self._sent
+        piece = self._track.take(until - start)
+        if not piece.shape[1]:
+            return  # nothing has arrived: the audio catches up at the next call
+        frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout=self._layout)
+        frame.sample_rate = self._rate
+        frame.pts = start
+        frame.time_base = Fraction(1, self._rate)
+        self._sent = start + piece.shape[1]
+        if self._resampler is None:
+            _mux(self._container, self._stream.encode(frame))
+        else:
+            self._encode_resampled(self._resampler.resample(frame))
+
+    def finish(self, until: int) -> None:
+        """The track is complete: encode it up to ``until`` (silence for what never came), then flush."""
+        self._track.end()
+        self.send(until)
+        if self._resampler is not None:
+            self._encode_resampled(self._resampler.resample(None))  # the samples it still holds
+        _mux(self._container, self._stream.encode(None))
+
+    def _encode_resampled(self, frames: list[Any]) -> None:
+        """Encode resampled ``frames``, stamped with the samples before them at the encoder's rate: the
+        resampler's own timestamps round, and a track stamped by its sample count never drifts."""
+        for frame in frames:
+            frame.pts, frame.time_base = self._out, Fraction(1, OPUS_SAMPLE_RATE)
+            self._out += frame.samples
+            _mux(self._container, self._stream.encode(frame))
+
+
+def _mux(container: Any, packets: list[Any]) -> None:
+    if packets:
+        container.mux(packets)
+
+
 # -- the encoder of one entry --
 
 
@@ -135,28 +295,28 @@ class EntryEncoder:
     Frames arrive as uint8 arrays, ``[T, H, W, 3]`` (rgb24, converted to BT.709 yuv420p by swscale) or
     ``[T, H * 3 // 2, W]`` (planar yuv420p, BT.709 limited range, used as is). The container opens with the
     first frames and is always closed, by :meth:`finish` or :meth:`close`. Audio — a whole waveform
-    (``audio``) or a live track its pushes fill as the video goes (``live_audio``) — is one stream muxed
-    interleaved with the video as frames arrive, up to the video's time and never ahead of it, both
-    tracks starting at 0; at :meth:`finish` it is trimmed or padded with silence to the video's duration
-    (a session checks first that a live track is within one frame of it). It is AAC at the waveform's
-    rate, or where this build has no AAC encoder Opus at 48 kHz, resampled as it goes (the resampler's
-    last samples are flushed at :meth:`finish`, so the track still lasts the video's duration). With
-    ``file``, the MP4 is also written to that path, which holds either the complete file (after
-    :meth:`finish`) or what it held before (see :class:`OutputFile`).
+    (``audio``: a track that is already complete) or a live track its pushes fill as the video goes
+    (``live_audio``) — is one stream muxed interleaved with the video as frames arrive, up to the video's
+    time and never ahead of it, both tracks starting at 0; at :meth:`finish` it is trimmed or padded with
+    silence to the video's duration (a session checks first that a live track is within one frame of it).
+    It is AAC at the waveform's rate, or where this build has no AAC encoder Opus at 48 kHz, resampled as
+    it goes (the resampler's last samples are flushed at :meth:`finish`, so the track still lasts the
+    video's duration). With ``file``, the MP4 is also written to that path, which holds either the complete
+    file (after :meth:`finish`) or what it held before (see :class:`OutputFile`).
 
-    :meth:`encode` and :meth:`finish` return the output as :class:`MP4Piece`: for fragmented output a
-    piece per fragment as the muxer writes it (then the ``mfra``); a plain MP4 is one piece at
-    :meth:`finish`. Fragmented output closes a fragment every ``fragment_frames`` frames, whatever the
-    keyframes; the muxer writes it when the next packet arrives, so the pieces :meth:`encode` returns hold
-    every frame before the first one it was given. :attr:`frames_out` counts the frames the returned
-    pieces hold.
+    :meth:`encode` and :meth:`finish` return the output as :class:`MP4Piece`, as the output's target
+    (:class:`FragmentedTarget`, :class:`FaststartTarget`) cuts it: for fragmented output a piece per
+    fragment as the muxer writes it (then the ``mfra``); a plain MP4 is one piece at :meth:`finish`.
+    Fragmented output closes a fragment every ``fragment_frames`` frames, whatever the keyframes; the muxer
+    writes it when the next packet arrives, so the pieces :meth:`encode` returns hold every frame before
+    the first one it was given. :attr:`frames_out` counts the frames the returned pieces hold.
 
-    ``video_codec="auto"``: the first rung of :data:`VIDEO_LADDER` (h264_nvenc, libx264, libsvtav1,
-    libvpx-vp9) whose probe encodes and whose open here succeeds, with the codec-neutral options translated
-    for it (:func:`auto_codec_options`); :class:`NoEncoderError`, naming every rung, if none opens.
+    ``video_codec="auto"``: the first rung of ``_codec_options.VIDEO_RUNGS`` (the rung table) whose probe
+    encodes and whose open here succeeds, with the codec-neutral options translated for it
+    (:func:`auto_codec_options`); :class:`NoEncoderError`, naming every rung, if none opens.
 
-    Not thread-safe: one caller at a time (the session gives each entry its own task); only :meth:`open`
-    and :meth:`close` may race (a cancelled session closes while another stage opens).
+    Not thread-safe: one caller at a time (the session gives each entry its own task); only :meth:`open`,
+    :meth:`unopen` and :meth:`close` may race (a cancelled session closes while another stage opens).
     """
 
     def __init__(
@@ -195,24 +355,19 @@ class EntryEncoder:
             )
         if (audio is not None or live_audio is not None) and audio_sample_rate is None:
             raise ValueError("EntryEncoder: audio and live_audio need audio_sample_rate")
-        self._audio = audio
-        self._live_audio = live_audio
+        self._track = LiveAudioTrack.whole(audio) if audio is not None else live_audio
         self._sample_rate = audio_sample_rate
-        self._audio_sent = 0  # samples of the waveform's (or the live track's) rate encoded so far
-        self._resampler: Any = None  # Opus: the waveform's rate → 48 kHz
-        self._audio_out = 0  # samples the audio encoder was given, at its own rate
         self.frames_encoded = 0
         #: frames held by the pieces returned so far (a frame waits in the muxer until its fragment closes)
         self.frames_out = 0
         self.bytes_out = 0
-        self._cutter = FragmentCutter() if output == "fragmented" else None
+        # What an open makes, and a close or an unopen lets go: the target, the container and its streams.
+        self._target: OutputTarget | None = None
         self._container: Any = None
         self._video: Any = None
-        self._audio_stream: Any = None
-        self._memory: io.BytesIO | None = None
-        self._collector: _ByteCollector | None = None
+        self._soundtrack: _Soundtrack | None = None
         self._file: OutputFile | None = None
-        self._closed = False
+        self._closed = False  # finish() or close() was called: nothing opens or encodes any more
         self._open_lock = threading.Lock()
 
     # -- opening --
@@ -242,40 +397,33 @@ class EntryEncoder:
                 return
             self._open(height, width, self.video_codec if codec is None else codec)
 
+    def unopen(self) -> None:
+        """Undo an open before any frame was encoded (the ladder leaves a rung another entry could not
+        open): the container closed and the output file's temporary removed, ready to open again. A no-op
+        once :meth:`close` or :meth:`finish` was called."""
+        with self._open_lock:
+            if not self._closed:
+                self._unopened()
+
     def _open(self, height: int, width: int, codec: str) -> None:
         try:
             self._open_streams(height, width, codec)
             self._video.codec_context.open()  # now: a failure to open is an error of opening
         except BaseException:
-            self._unopen()
+            self._unopened()
             raise
         self.encoder_name = codec
 
-    def _unopen(self) -> None:
-        """Back to unopened (nothing was encoded yet): the container closed, the output file removed."""
-        self._close_container()
-        self._close_file()
-        self._memory = self._collector = None
-        self._closed = False
+    def _unopened(self) -> None:
+        self._release()
         self.encoder_name = self.audio_codec = None
-        self._resampler = None
 
     def _open_streams(self, height: int, width: int, codec: str) -> None:
-        target: Any
-        io_open = None
-        if self.output == "fragmented":
-            target = self._collector = _ByteCollector()
-        else:
-            target = self._memory = io.BytesIO()
-            io_open = faststart_io_open(self._memory)
+        self._target = _target(self.output, self.fps, self.fragment_frames)
         if self.file is not None:
             self._file = OutputFile(self.file)
             self._file.open()
-        global _open_containers
-        options = container_options(self.output, self.fps, self.fragment_frames)
-        self._container = av.open(target, mode="w", format="mp4", options=options, io_open=io_open)
-        with _open_containers_lock:
-            _open_containers += 1
+        self._container = _opened(self._target.open_container())
         self.codec_options = self._options_for(codec)
         video = self._container.add_stream(codec, rate=self.fps, options=self.codec_options)
         video.width = width
@@ -286,27 +434,10 @@ class EntryEncoder:
         context.colorspace = context.color_primaries = context.color_trc = _BT709
         context.color_range = _LIMITED_RANGE
         self._video = video
-        channels = self._audio_channels()
-        if channels is not None:
-            self._open_audio("mono" if channels == 1 else "stereo")
-
-    def _open_audio(self, layout: str) -> None:
-        """The soundtrack's stream: AAC at the waveform's rate, else Opus at 48 kHz through a resampler
-        (to the packed samples libopus takes, whatever the rate)."""
-        codec = audio_encoder()
-        rate = self._sample_rate if codec == "aac" else OPUS_SAMPLE_RATE
-        self._audio_stream = self._container.add_stream(codec, rate=rate, layout=layout)
-        if codec != "aac":
-            encoded = self._audio_stream.codec_context.format.name  # the stream's own: s16 for libopus
-            self._resampler = av.AudioResampler(format=encoded, layout=layout, rate=rate)
-        self.audio_codec = codec
-
-    def _audio_channels(self) -> int | None:
-        if self._audio is not None:
-            return int(self._audio.shape[0])
-        if self._live_audio is not None:
-            return self._live_audio.channels
-        return None
+        if self._track is not None:
+            assert self._sample_rate is not None
+            self._soundtrack = _Soundtrack(self._container, self._track, self._sample_rate)
+            self.audio_codec = self._soundtrack.codec
 
     # -- encoding (worker thread) --
 
@@ -322,8 +453,10 @@ class EntryEncoder:
             frame.pts = self.frames_encoded
             self._mux_video(self._video.encode(frame))
             self.frames_encoded += 1
-        self._send_audio(self._audio_samples_for(self.frames_encoded))
-        return self._take_output()
+        if self._soundtrack is not None:
+            self._soundtrack.send(self._audio_samples())
+        assert self._target is not None
+        return self._hand_on(*self._target.take())
 
     def _video_frame(self, array: np.ndarray[Any, Any], height: int, width: int) -> av.VideoFrame:
         if self.pixel_format == "rgb24":
@@ -331,7 +464,8 @@ class EntryEncoder:
             return frame.reformat(
                 format=ENCODER_PIXEL_FORMAT, dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG
             )
-        if height % 4 == 0 and self.encoder_name in _COPYING_ENCODERS:
+        rung = video_rung(self.encoder_name)
+        if height % 4 == 0 and rung is not None and rung.copies_frames:
             # Zero-copy: PyAV wraps the slot in a refcounted buffer that FFmpeg references, and these
             # encoders copy the picture before encode() returns, so the slot is free again after it.
             frame = av.VideoFrame.from_numpy_buffer(array, format="yuv420p")
@@ -354,73 +488,25 @@ class EntryEncoder:
         frame.color_range = ColorRange.MPEG
         return frame
 
-    def _audio_samples_for(self, frames: int) -> int:
-        if self._sample_rate is None:
-            return 0
-        return samples_for_frames(frames, self.fps, self._sample_rate)
-
-    def _send_audio(self, until: int, *, final: bool = False) -> None:
-        """Encode the audio after the samples sent so far, up to sample index ``until``: a waveform's
-        samples, silence past its end; a live track's samples as far as they have arrived (``final``: and
-        silence for any missing, since no more will come). Every call continues the one audio stream."""
-        if self._audio_stream is None or until <= self._audio_sent:
-            return
-        start, wanted = self._audio_sent, until - self._audio_sent
-        if self._live_audio is not None:
-            piece = self._live_audio.take(wanted)
-            if final and piece.shape[1] < wanted:
-                piece = np.pad(piece, ((0, 0), (0, wanted - piece.shape[1])))
-            if not piece.shape[1]:
-                return  # nothing has arrived: the audio catches up at the next call
-        else:
-            assert self._audio is not None
-            available = self._audio.shape[1]
-            piece = np.zeros((self._audio.shape[0], wanted), dtype=np.float32)
-            if start < available:
-                real = self._audio[:, start:until]
-                piece[:, : real.shape[1]] = real
-        layout = "mono" if piece.shape[0] == 1 else "stereo"
-        frame = av.AudioFrame.from_ndarray(piece, format="fltp", layout=layout)
+    def _audio_samples(self) -> int:
+        """The audio samples that last as long as the frames encoded so far."""
         assert self._sample_rate is not None
-        frame.sample_rate = self._sample_rate
-        frame.pts = start
-        frame.time_base = Fraction(1, self._sample_rate)
-        self._audio_sent = start + piece.shape[1]
-        if self._resampler is None:
-            self._mux(self._audio_stream.encode(frame))
-        else:
-            self._encode_audio(self._resampler.resample(frame))
-
-    def _encode_audio(self, frames: list[Any]) -> None:
-        """Encode resampled ``frames``, stamped with the samples before them at the encoder's rate: the
-        resampler's own timestamps round, and a track stamped by its sample count never drifts."""
-        rate = OPUS_SAMPLE_RATE
-        for frame in frames:
-            frame.pts, frame.time_base = self._audio_out, Fraction(1, rate)
-            self._audio_out += frame.samples
-            self._mux(self._audio_stream.encode(frame))
+        return samples_for_frames(self.frames_encoded, self.fps, self._sample_rate)
 
     def _mux_video(self, packets: list[Any]) -> None:
         # Every frame lasts one frame. x264 leaves the duration 0, and the muxer then writes a duration of 0
         # for a frame whose fragment another track's packet closes (a player shows it not at all).
         for packet in packets:
             packet.duration = 1
-        self._mux(packets)
+        _mux(self._container, packets)
 
-    def _mux(self, packets: list[Any]) -> None:
-        if packets:
-            self._container.mux(packets)
-
-    def _take_output(self) -> list[MP4Piece]:
-        """The fragments the muxer has written whole since the last call (fragmented output)."""
-        data = self._collector.take() if self._collector is not None else b""
+    def _hand_on(self, data: bytes, pieces: list[MP4Piece]) -> list[MP4Piece]:
+        """Account for what the target gave: ``data`` to the output file, ``pieces`` to the caller."""
         if data and self._file is not None:
             self._file.write(data)
         self.bytes_out += len(data)
-        if self._cutter is None or not data:
-            return []
-        pieces = self._cutter.feed(data)
-        self.frames_out = self._cutter.samples
+        if pieces:
+            self.frames_out = pieces[-1].frames_until
         return pieces
 
     def finish(self) -> list[MP4Piece]:
@@ -431,31 +517,17 @@ class EntryEncoder:
         """
         if self._closed:
             raise RuntimeError("EntryEncoder.finish() called twice")
-        if self._container is None:
+        if self._container is None or self._target is None:
             raise RuntimeError("EntryEncoder.finish() before any frame was encoded")
+        self._closed = True
         try:
             self._mux_video(self._video.encode(None))
-            if self._audio_stream is not None:
-                self._send_audio(self._audio_samples_for(self.frames_encoded), final=True)
-                if self._resampler is not None:
-                    self._encode_audio(self._resampler.resample(None))  # the samples it still holds
-                self._mux(self._audio_stream.encode(None))
+            if self._soundtrack is not None:
+                self._soundtrack.finish(self._audio_samples())
         finally:
             self._close_container()
-        if self._memory is not None:
-            data = self._memory.getvalue()
-            if self._file is not None:
-                self._file.write(data)
-            self.bytes_out += len(data)
-            self.frames_out = self.frames_encoded
-            pieces = [MP4Piece(data, self.frames_encoded, self.frames_encoded, codec_string(data))]
-        else:
-            assert self._cutter is not None
-            pieces = self._take_output()
-            rest = self._cutter.rest()
-            if rest is not None:
-                pieces.append(rest)
-        self._memory = self._collector = None  # handed over: keep no copy
+        target, self._target = self._target, None  # handed over: keep no copy
+        pieces = self._hand_on(*target.finish(self.frames_encoded))
         if self._file is not None:
             self._file.commit()  # the file appears at its path, complete, only now
         return pieces
@@ -467,26 +539,25 @@ class EntryEncoder:
         Idempotent, and a no-op after :meth:`finish`.
         """
         with self._open_lock:
-            self._close_container()
-            self._memory = self._collector = None  # an aborted output is nobody's
-            self._close_file()
+            self._closed = True
+            self._release()
 
-    def _close_container(self) -> None:
-        global _open_containers
-        self._closed = True
-        container, self._container = self._container, None
-        if container is not None:
-            with _open_containers_lock:
-                _open_containers -= 1
-            container.close()
-        # The streams hold the container and its codecs (x264's buffers and threads): let them go now,
-        # not whenever this encoder is dropped.
-        self._video = self._audio_stream = self._resampler = None
-
-    def _close_file(self) -> None:
+    def _release(self) -> None:
+        """Let go of what an open made: the container closed, its output dropped (an unfinished output is
+        nobody's), the output file's temporary removed."""
+        self._close_container()
+        self._target = None
         file, self._file = self._file, None
         if file is not None:
             file.abort()  # a no-op once committed
+
+    def _close_container(self) -> None:
+        container, self._container = self._container, None
+        if container is not None:
+            _close(container)
+        # The streams hold the container and its codecs (x264's buffers and threads): let them go now,
+        # not whenever this encoder is dropped.
+        self._video = self._soundtrack = None
 
 
 def open_entry_encoders(encoders: Sequence[EntryEncoder], frame_shape: Sequence[int]) -> None:
@@ -507,25 +578,23 @@ def open_entry_encoders(encoders: Sequence[EntryEncoder], frame_shape: Sequence[
 
 
 def _open_on_ladder(encoders: Sequence[EntryEncoder], height: int, width: int) -> None:
-    """Open ``encoders`` with the first rung of :data:`VIDEO_LADDER` that every one of them opens; skip a
-    rung whose probe failed; :class:`NoEncoderError` naming every rung and its failure if none opens.
+    """Open ``encoders`` with the first rung of ``VIDEO_RUNGS`` that every one of them opens; skip a rung
+    whose probe failed; :class:`NoEncoderError` naming every rung and its failure if none opens.
 
     A rung climbed past leaves nothing open: each rung builds its containers, and a failure closes them
     (removing any output file's temporary) before the next rung begins.
     """
     tried: list[tuple[str, str]] = []
-    for codec in VIDEO_LADDER:
-        failure = encode_failure(codec)
+    for rung in VIDEO_RUNGS:
+        failure = encode_failure(rung.name)
         if failure is None:
             try:
                 for encoder in encoders:
-                    encoder.open(height, width, codec)
+                    encoder.open(height, width, rung.name)
                 return
             except OPEN_FAILURES as error:
                 failure = f"its open failed ({error})"
                 for encoder in encoders:
-                    with encoder._open_lock:
-                        if not encoder._closed:
-                            encoder._unopen()
-        tried.append((codec, failure))
+                    encoder.unopen()
+        tried.append((rung.name, failure))
     raise NoEncoderError("video", tried)

@@ -1,14 +1,27 @@
 """The library's own errors, and the memory-object stream errors that mean "the other end is gone".
 
-Every error streamvae defines derives from :class:`StreamVAEError`, so ``except StreamVAEError`` catches what
-the library itself decided, and leaves PyAV's, torch's and the operating system's errors to their own
-handlers. Each also derives from the built-in base that says what kind of condition it is
-(``RuntimeError``). Bad arguments are plain ``ValueError`` / ``TypeError`` (see ``_checks``).
+Every error streamvae defines is defined here, whichever subpackage users import it from, so one file shows
+them all, as httpx's ``_exceptions.py`` does::
+
+    StreamVAEError          streamvae: the base of every error streamvae defines
+    ├── SessionClosedError  streamvae (RuntimeError): a session that takes no more chunks
+    ├── RingAbortedError    streamvae (RuntimeError): the transfer ring aborted, no cause known
+    ├── UnreadStreamError   streamvae (RuntimeError): a reader waits on another entry's unread stream
+    ├── NoEncoderError      streamvae (RuntimeError): no rung of an encoder ladder opens
+    ├── PeerDecodeError     streamvae.distributed (RuntimeError): a peer rank stopped the decode
+    └── ReaderStalledError  streamvae.server (TimeoutError): a reader took nothing for stall_timeout
+
+``except StreamVAEError`` catches what the library itself decided, and leaves PyAV's, torch's and the
+operating system's errors to their own handlers. Each also derives from the built-in base that says what
+kind of condition it is (``RuntimeError``, ``TimeoutError``). Bad arguments are plain ``ValueError`` /
+``TypeError`` (see ``_checks``). ``DecodeAbandoned`` is internal: the decode worker's signal that its caller
+was cancelled, never raised to a user. docs/failures.md has the same table, with when each is raised.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 import anyio
 
@@ -17,6 +30,9 @@ from streamvae._public import public
 __all__ = [
     "STREAM_ENDED",
     "DecodeAbandoned",
+    "NoEncoderError",
+    "PeerDecodeError",
+    "ReaderStalledError",
     "RingAbortedError",
     "SessionClosedError",
     "StreamVAEError",
@@ -92,3 +108,57 @@ class UnreadStreamError(StreamVAEError, RuntimeError):
 
     def __reduce__(self) -> tuple[type[UnreadStreamError], tuple[int, int]]:
         return type(self), (self.waiting, self.unread)
+
+
+@public
+class NoEncoderError(StreamVAEError, RuntimeError):
+    """No encoder of a ladder works on this machine: the error names every rung tried, and why each failed.
+
+    ``kind`` is ``"video"`` (``video_codec="auto"``'s ladder) or ``"audio"`` (AAC, then Opus); ``tried``
+    holds ``(encoder, why)`` per rung, in the order tried.
+    """
+
+    def __init__(self, kind: str, tried: Sequence[tuple[str, str]]) -> None:
+        import av  # here, not at the top: importing the errors loads no PyAV (a command's --help)
+
+        rungs = "; ".join(f"{codec}: {why}" for codec, why in tried)
+        super().__init__(
+            f"no {kind} encoder works in this PyAV build (FFmpeg {av.ffmpeg_version_info}): tried {rungs}"
+        )
+        #: ``"video"`` or ``"audio"``
+        self.kind = kind
+        #: ``(encoder, why it failed)`` per rung, in the order tried
+        self.tried = tuple(tried)
+
+    def __reduce__(self) -> tuple[type[NoEncoderError], tuple[str, tuple[tuple[str, str], ...]]]:
+        return type(self), (self.kind, self.tried)
+
+
+class ReaderStalledError(StreamVAEError, TimeoutError):
+    """The reader accepted nothing for ``stall_timeout`` seconds: raised into the decode's block to end it.
+
+    :class:`streamvae.server.MP4Response` and the app's routes catch it themselves (the response ends
+    quietly, incomplete, with a warning logged); a block of your own around
+    :func:`streamvae.open_latent_stream` sees it pass through, as the cancellation of a client gone, and can
+    tell the two apart.
+    """
+
+    __module__ = "streamvae.server"  # where users import it from, as @public does for streamvae's names
+
+
+class PeerDecodeError(StreamVAEError, RuntimeError):
+    """Raised on a rank whose peer stopped the decode: every rank stopped at the same boundary.
+
+    The output rank's ``on_chunk`` failed (a failed session, an encoder error), its caller was cancelled or
+    its consumer stopped taking chunks; or, in a stream of latent pieces, a rank failed, was cancelled or
+    left its stream before the others (then the output rank raises this too). The rank whose failure it
+    was raises its own error.
+    """
+
+    __module__ = "streamvae.distributed"  # where users import it from, as @public does for streamvae's names
+
+    def __init__(self, message: str, *, chunk: int, output_error: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.chunk = chunk  #: how many chunks had been published when the decode stopped
+        self.output_error = output_error  #: "ErrorType: message" of the stopping rank's error (truncated)
+        self.rank = rank  #: the group rank that stopped the decode (None: the output rank)

@@ -6,7 +6,8 @@ it checks each push (from any thread, at once), keeps the pushes made before the
 exists yet), learns the batch from the first chunk, and is closed at ``finish`` or abort, after which
 nothing more is taken. :class:`LiveAudioTrack` is one entry's buffer: pushes append to it, and the entry's
 encoder takes the samples up to the video's time as far as they have arrived; what it took is no longer
-held, so a long session's memory stays flat.
+held, so a long session's memory stays flat. A whole waveform (``audio_waveforms``) is a track that is
+already complete (:meth:`LiveAudioTrack.whole`), so the encoder has one way to take its sound.
 
 At ``finish`` each track must last as long as the video: within one video frame's samples it is padded
 with silence or trimmed (a generator's sound rarely ends on a frame boundary); further off is an error
@@ -38,26 +39,27 @@ def samples_for_frames(frames: int, fps: Fraction, sample_rate: int) -> int:
 class LiveAudioTrack:
     """One entry's pushed samples, float32 ``[channels, samples]``, until its encoder takes them.
 
-    Thread-safe: pushes come from any thread, the encoder takes from its worker thread.
+    Once :meth:`end` says no more will come, the track is complete: every sample taken past what was
+    pushed is silence. Thread-safe: pushes come from any thread, the encoder takes from its worker thread.
     """
 
-    def __init__(self, entry: int, channels: int) -> None:
-        self.entry = entry
+    def __init__(self, channels: int) -> None:
         self.channels = channels
+        #: samples pushed so far, taken or not
+        self.pushed = 0
+        #: samples pushed and not yet taken: all that the track holds in memory
+        self.buffered = 0
         self._lock = threading.Lock()
         self._pieces: deque[Samples] = deque()
-        self._buffered = 0
-        self._pushed = 0
+        self._ended = False
 
-    @property
-    def pushed(self) -> int:
-        """Samples pushed so far, taken or not."""
-        return self._pushed
-
-    @property
-    def buffered(self) -> int:
-        """Samples pushed and not yet taken: all that the track holds in memory."""
-        return self._buffered
+    @classmethod
+    def whole(cls, waveform: Samples) -> LiveAudioTrack:
+        """A track that is already complete: ``waveform`` (``[channels, samples]``), then silence."""
+        track = cls(waveform.shape[0])
+        track.append(np.asarray(waveform, dtype=np.float32))
+        track.end()
+        return track
 
     def append(self, samples: Samples) -> None:
         """Add ``samples`` (``[channels, n]``, owned by the track from now on) after those pushed before."""
@@ -65,15 +67,22 @@ class LiveAudioTrack:
             return
         with self._lock:
             self._pieces.append(samples)
-            self._buffered += samples.shape[1]
-            self._pushed += samples.shape[1]
+            self.buffered += samples.shape[1]
+            self.pushed += samples.shape[1]
+
+    def end(self) -> None:
+        """No more samples will come: from now on :meth:`take` gives silence for those that never came."""
+        with self._lock:
+            self._ended = True
 
     def take(self, most: int) -> Samples:
-        """The next samples, up to ``most`` of them as far as they have arrived (maybe none), contiguous."""
+        """The next samples, up to ``most`` of them as far as they have arrived (maybe none; once the track
+        ended, always ``most``, silence past what was pushed), contiguous."""
         taken: list[Samples] = []
         with self._lock:
-            wanted = min(most, self._buffered)
-            self._buffered -= wanted
+            wanted = min(most, self.buffered)
+            silence = most - wanted if self._ended else 0
+            self.buffered -= wanted
             while wanted:
                 piece = self._pieces[0]
                 if piece.shape[1] <= wanted:
@@ -83,6 +92,8 @@ class LiveAudioTrack:
                     taken.append(piece[:, :wanted])
                     self._pieces[0] = piece[:, wanted:]
                     wanted = 0
+        if silence:
+            taken.append(np.zeros((self.channels, silence), np.float32))
         if not taken:
             return np.zeros((self.channels, 0), np.float32)
         return np.ascontiguousarray(np.concatenate(taken, axis=1) if len(taken) > 1 else taken[0])
@@ -122,7 +133,7 @@ class LiveAudio:
                 raise ValueError(f"{owner}: entry {index} is not in the batch of {self._batch} entries")
             track = self._tracks.get(index)
             if track is None:
-                track = self._tracks[index] = LiveAudioTrack(index, self.channels)
+                track = self._tracks[index] = LiveAudioTrack(self.channels)
             track.append(owned)
 
     def check_batch(self, batch: int, *, owner: str | None = None) -> None:
@@ -136,9 +147,7 @@ class LiveAudio:
         with self._lock:
             self._check_batch(batch, None)
             self._batch = batch
-            return [
-                self._tracks.setdefault(entry, LiveAudioTrack(entry, self.channels)) for entry in range(batch)
-            ]
+            return [self._tracks.setdefault(entry, LiveAudioTrack(self.channels)) for entry in range(batch)]
 
     def close(self, state: str) -> None:
         """Refuse every later push, naming the session's ``state`` (updated as the session moves on)."""

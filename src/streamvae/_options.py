@@ -33,6 +33,7 @@ from streamvae._checks import (
     check_limiter,
     check_waveform,
     did_you_mean,
+    is_int,
 )
 from streamvae._codec_options import OutputKind, check_video_codec
 from streamvae._output_file import check_output_files
@@ -76,23 +77,21 @@ class SessionOptions:
     - ``crop``: ``(height, width)`` to keep from the top-left of each frame, e.g. to trim a decoder's padding.
     - ``transfer_slots``: depth of the host-slot ring; ``0`` selects a plain blocking copy per group.
     - ``video_codec`` / ``video_codec_options``: an FFmpeg video encoder of this PyAV build and its options
-      (names it does not have are refused), merged over the defaults (libx264 and libx265: ``crf`` 18,
-      ``preset`` veryfast, ``threads`` min(4, cores) — pin ``threads`` for byte-identical output; with
-      ``output="fragmented"`` also ``tune`` zerolatency, so no frame waits for later ones: a ``tune`` of
-      yours replaces it, and brings B-frames and the lookahead back unless it is zerolatency too).
-      ``"libsvtav1"`` and ``"libvpx-vp9"`` get the same defaults translated, with their low-latency modes
-      (SVT-AV1's ``rtc=1`` for fragmented output; VP9's realtime deadline, ``lag-in-frames=0``,
-      ``row-mt``); ``"h264_nvenc"`` gets FFmpeg's defaults and your options. A named encoder is never
-      replaced: one this build lacks is a ValueError here. ``"auto"`` climbs a ladder, h264_nvenc →
-      libx264 → libsvtav1 → libvpx-vp9: each rung is probed by a tiny test encode (once per process),
-      and a session whose open of a rung fails (NVENC session limits) takes the next, before any frame;
-      none that opens is a ``streamvae.NoEncoderError`` naming every rung. Every entry of a session uses
-      one codec, shown by :attr:`ChunkedVideoMP4Session.encoder_name` and the statistics. ``"auto"``
+      (names it does not have are refused), merged over its defaults. Each encoder streamvae configures
+      is one record of the rung table (``Rung`` in ``streamvae/_codec_options.py``: the ladder and, per
+      encoder, its defaults and translation), which starts from ``crf`` 18, ``preset`` veryfast and
+      ``threads`` min(4, cores) — pin ``threads`` for byte-identical output — in the encoder's own terms,
+      with its low-latency mode for ``output="fragmented"`` (x264's ``tune`` zerolatency, so no frame
+      waits for later ones: a ``tune`` of yours replaces it, and brings B-frames and the lookahead back
+      unless it is zerolatency too). ``"h264_nvenc"`` named, and encoders without a record, get FFmpeg's
+      defaults and your options. A named encoder is never replaced: one this build lacks is a ValueError
+      here. ``"auto"`` climbs the table's ladder: each rung is probed by a tiny test encode (once per
+      process), and a session whose open of a rung fails (NVENC session limits) takes the next, before any
+      frame; none that opens is a ``streamvae.NoEncoderError`` naming every rung. Every entry of a session
+      uses one codec, shown by :attr:`ChunkedVideoMP4Session.encoder_name` and the statistics. ``"auto"``
       takes only codec-neutral options (``crf`` on x264's 0–51, ``preset``: one of x264's, ``threads``,
-      ``g``; anything else is a ValueError), translated for each rung (NVENC: ``crf`` → ``rc=vbr`` +
-      ``cq`` + ``b=0``, ``preset`` via ``NVENC_PRESETS``; SVT-AV1 and VP9: ``crf`` stretched onto their
-      0–63, ``preset`` via ``SVT_AV1_PRESETS`` / ``VP9_SPEEDS``). A soundtrack is AAC, or Opus resampled
-      to 48 kHz where the build has no AAC encoder.
+      ``g``; anything else is a ValueError), which each rung's record translates for it. A soundtrack is
+      AAC, or Opus resampled to 48 kHz where the build has no AAC encoder.
     - ``pixel_format``: ``"rgb24"`` (quantize to RGB; the host converts with swscale), ``"yuv420p"`` (convert
       on the chunk's device; half the bytes, no host conversion) or ``"auto"``: yuv420p for CUDA chunks,
       rgb24 otherwise (on a CPU the rgb24 path is the cheaper one, see docs/benchmarks.md).
@@ -269,7 +268,7 @@ def _check_live_audio(channels: object, sample_rate: object, waveforms: object) 
             "audio_channels and audio_waveforms exclude each other: audio_channels is a live track whose "
             "samples come from push_audio(), audio_waveforms whole waveforms given up front; pass one"
         )
-    if isinstance(channels, bool) or not isinstance(channels, int) or channels not in (1, 2):
+    if not is_int(channels) or channels not in (1, 2):
         raise ValueError(f"audio_channels must be 1 (mono) or 2 (stereo), got {channels!r}")
     if sample_rate is None:
         raise ValueError("audio_sample_rate must be a positive int when audio_channels is given, got None")

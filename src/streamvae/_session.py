@@ -16,7 +16,8 @@ the pipeline never calls back up. With ``audio_channels`` it also holds each ent
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from types import TracebackType
 from typing import Any, Literal, Unpack
 
@@ -300,6 +301,31 @@ class ChunkedVideoMP4Session:
                 self.fail(error)
 
         self._task_group.start_soon(run)
+
+    @asynccontextmanager
+    async def producing(
+        self, producer: Callable[[], Awaitable[None]], streams: Sequence[MP4ByteStream]
+    ) -> AsyncIterator[None]:
+        """Run ``producer`` as the session's producer (:meth:`start_producer`) for the block, whose end
+        stops it and closes ``streams``.
+
+        Leaving the block cancels the producer (a no-op once it is done; it stops one whose reader left
+        early) and closes every stream ``streams`` holds by then (one opened while the block ran too).
+        :func:`streamvae.stream_mp4` reads its decode's streams in such a block.
+        """
+        scope = anyio.CancelScope()
+
+        async def produce() -> None:
+            with scope:
+                await producer()
+
+        self.start_producer(produce)
+        try:
+            yield
+        finally:
+            scope.cancel()
+            for stream in streams:
+                await stream.aclose()
 
     def fail(self, error: BaseException) -> None:
         """Fail the session with ``error`` (kept if it is the first) and abort it; idempotent.

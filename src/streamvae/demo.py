@@ -15,6 +15,8 @@ import torch
 from diffusers import AutoencoderKLWan
 from torch import Tensor, nn
 
+from streamvae._checks import is_int
+
 __all__ = ["DEMO_FPS", "check_demo_request", "demo_latent", "demo_vae", "latent_frames_for"]
 
 #: frames per second of the demo video
@@ -67,10 +69,10 @@ def latent_frames_for(frames: int) -> int:
 
 def check_demo_request(frames: int, size: int) -> None:
     """Raise ValueError unless ``frames`` is 1 + 4k (k ≥ 0) and ``size`` a positive multiple of 16."""
-    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1 or (frames - 1) % _TEMPORAL:
+    if not is_int(frames) or frames < 1 or (frames - 1) % _TEMPORAL:
         raise ValueError(f"frames must be 1 + 4k (1, 5, 9, ..., 65, ...), got {frames!r}")
     # The latent is size / 8 across, and the yuv420p video needs even sizes: 16 keeps both whole.
-    if isinstance(size, bool) or not isinstance(size, int) or size < 16 or size % 16:
+    if not is_int(size) or size < 16 or size % 16:
         raise ValueError(f"size must be a positive multiple of 16 (16, 32, ..., 128, ...), got {size!r}")
 
 

@@ -1,9 +1,10 @@
 """The commands: ``demo`` and ``decode`` build a :class:`DecodeJob` from the parsed arguments and run it;
 ``serve`` runs the server.
 
-Every command encodes with ``video_codec="auto"``: the first of h264_nvenc, libx264, libsvtav1 and
-libvpx-vp9 that works on this machine, so that the command works on any FFmpeg (one without GPL parts has
-no libx264). ``--crf`` and ``--preset`` are codec-neutral there, translated for the encoder chosen.
+Every command encodes with ``video_codec="auto"``: the first rung of the ladder (the rung table,
+``streamvae/_codec_options.py``) that works on this machine, so that the command works on any FFmpeg (one
+without GPL parts has no libx264). ``--crf`` and ``--preset`` are codec-neutral there, translated for the
+encoder chosen.
 
 A job's session options are built into one checked :class:`streamvae.SessionOptions` as soon as the VAE is
 known (its value range is the decoder's), so a bad option fails before anything is decoded. What a

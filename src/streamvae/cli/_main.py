@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import av
 
-from streamvae._codec_options import NoEncoderError
+from streamvae._errors import NoEncoderError
 from streamvae.cli._inputs import CliError
 from streamvae.cli._parser import build_parser
 

@@ -13,7 +13,8 @@ import anyio
 import av
 from torch import Tensor
 
-from streamvae import ChunkedVideoMP4Session, MP4ByteStream, SessionOptions, stream_mp4
+from streamvae import MP4ByteStream, SessionOptions
+from streamvae._decode import open_decode
 from streamvae.cli._progress import progress_reporter
 
 
@@ -73,7 +74,6 @@ async def run_decode(job: DecodeJob, *, progress: bool = True) -> DecodeSummary:
     started = time.perf_counter()
     first_byte: list[float] = []
     frame_size: list[tuple[int, int]] = []
-    sessions: list[ChunkedVideoMP4Session] = []
     reporter = progress_reporter(job.frames) if progress else None
 
     async def drain(stream: MP4ByteStream) -> None:
@@ -90,29 +90,29 @@ async def run_decode(job: DecodeJob, *, progress: bool = True) -> DecodeSummary:
     try:
         async with anyio.create_task_group() as group:
             async with (
-                stream_mp4(job.vae, job.latents, on_session=sessions.append, options=options) as streams,
+                open_decode(job.vae, job.latents, decode_limiter=None, options=options) as (session, streams),
                 anyio.create_task_group() as drains,  # every entry at once: they share one pipeline
             ):
                 if reporter is not None:  # only now: a session the options failed to make shows no bar
-                    group.start_soon(reporter.run, sessions)
+                    group.start_soon(reporter.run, [session])
                 for stream in streams:
                     drains.start_soon(drain, stream)
             seconds = time.perf_counter() - started
             if reporter is not None:
-                reporter.stop(sessions[0])
+                reporter.stop(session)
             group.cancel_scope.cancel()
     except BaseExceptionGroup as errors:
         raise _unwrap(errors) from None
     width, height = frame_size[0] if frame_size else (None, None)
     return DecodeSummary(
-        frames=sessions[0].frames_pushed,
+        frames=session.frames_pushed,
         width=width,
         height=height,
         seconds=seconds,
         first_byte_seconds=first_byte[0] if first_byte else None,
-        bytes_out=sessions[0].bytes_out,
+        bytes_out=session.bytes_out,
         outputs=job.outputs,
-        encoder_name=sessions[0].encoder_name,
+        encoder_name=session.encoder_name,
     )
 
 

@@ -25,16 +25,13 @@ The parts, one concept each: ``_layout`` (which rows each rank decodes), ``_auto
 hook, and what is refused), ``_halo`` (convolution halos), ``_attention`` (the whole frame for attention),
 ``_norms`` (GroupNorm over the whole frame), ``_rounding`` (CPU vector alignment), ``_kernels`` (the whole
 frame's convolution kernel), ``_internals`` (every private torch and diffusers API touched, checked once),
-``_decoder`` (the sharded decoders: the step loop, the boundaries and the failure rule), ``_launch``
-(joining torchrun's group, the collective timeout), ``_stats``.
+``_decoder`` (the sharded decoders: the walk, the boundaries and the failure rule), ``_launch``
+(joining torchrun's group, the collective timeout), ``_stats``. :class:`PeerDecodeError` is defined with
+every streamvae error, in ``streamvae._errors``.
 """
 
-from streamvae.distributed._decoder import (
-    PeerDecodeError,
-    ShardedDecoder,
-    ShardedWanDecoder,
-    sharded_decoder,
-)
+from streamvae._errors import PeerDecodeError
+from streamvae.distributed._decoder import ShardedDecoder, ShardedWanDecoder, sharded_decoder
 from streamvae.distributed._launch import init_distributed
 from streamvae.distributed._layout import ShardAxis
 from streamvae.distributed._stats import ShardedDecodeStats

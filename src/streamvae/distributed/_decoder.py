@@ -8,16 +8,20 @@ decoders are causal across calls: it adds latents that arrive in pieces. Both ar
 ``start`` / ``feed`` / ``end``) yield each whole chunk on the output rank, and ``decode_with_chunks``
 (``feed_with_chunks``, ``end_with_chunks``) drive those same steps into ``on_chunk``.
 
-Owns the step loop every rank runs in the same order — decode this rank's strip of a step, gather the chunk
-on the output rank, hand it on there, agree on the output rank's word — and the boundaries before each walk
-(a whole latent, one piece of a stream, the stream's end), where the ranks agree on what comes next
-(``_collectives.Agreement`` carries both). The failure rule is built on them: every rank stops at the same
-boundary, the rank whose failure it was raising its own error and the others :class:`PeerDecodeError`.
+Owns the walk every rank runs in the same order, and the boundary before it. A walk (a whole latent, one
+piece of a stream, the stream's end) begins at a boundary, where the ranks agree on what comes next, then
+loops over steps: take the step's chunk, hand it on on the output rank, agree on the output rank's word.
+The loop is one, with two sources of steps: sharded, every rank decodes its strip and the output rank
+gathers the chunk; not sharded, the output rank decodes the whole alone and its word says when the walk
+ends (``_collectives.Agreement`` carries the boundaries and the words). The failure rule is built on them:
+every rank stops at the same boundary, the rank whose failure it was raising its own error and the others
+:class:`~streamvae.distributed.PeerDecodeError` (defined with every streamvae error in ``streamvae._errors``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -28,8 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from streamvae._checks import check_choice
-from streamvae._errors import StreamVAEError, describe_first_cause
+from streamvae._checks import check_choice, is_int
+from streamvae._errors import PeerDecodeError, describe_first_cause
 from streamvae._protocol import ChunkPublisher
 from streamvae.distributed._auto import choose_axis
 from streamvae.distributed._collectives import (
@@ -54,22 +58,6 @@ from streamvae.models.wan import WanChunkedDecoder
 _NO_SHAPE = (0,) * 5  # what a boundary without a latent (a stream's end, a stop) says for its shape
 
 
-class PeerDecodeError(StreamVAEError, RuntimeError):
-    """Raised on a rank whose peer stopped the decode: every rank stopped at the same boundary.
-
-    The output rank's ``on_chunk`` failed (a failed session, an encoder error), its caller was cancelled or
-    its consumer stopped taking chunks; or, in a stream of latent pieces, a rank failed, was cancelled or
-    left its stream before the others (then the output rank raises this too). The rank whose failure it
-    was raises its own error.
-    """
-
-    def __init__(self, message: str, *, chunk: int, output_error: str, rank: int | None = None) -> None:
-        super().__init__(message)
-        self.chunk = chunk  #: how many chunks had been published when the decode stopped
-        self.output_error = output_error  #: "ErrorType: message" of the stopping rank's error (truncated)
-        self.rank = rank  #: the group rank that stopped the decode (None: the output rank)
-
-
 @dataclass(frozen=True)
 class _Verdict:
     """Why the ranks stopped at chunk ``chunk``: the output rank's error (``rank`` None) or a peer's stop."""
@@ -85,6 +73,19 @@ class _Verdict:
 # it ended) and the next chunk's index.
 _Walk = Generator[Tensor, BaseException | None, tuple[_Verdict | None, int]]
 _Steps = Generator[Tensor, BaseException | None, None]
+
+
+@dataclass(eq=False)
+class _ShardedState(DecodeState):
+    """A sharded decode's progress: a whole latent's (one walk) or a stream of latent pieces' (a walk a
+    piece, and one at its end). The split, the strip's own stream state, and where the ranks stand."""
+
+    layout: StripLayout | None = None  # None: not sharded, the output rank decodes alone
+    inner: DecodeState | None = None  # the family adapter's stream state for this rank's strip (None: none)
+    stats: ShardedDecodeStats = field(default_factory=ShardedDecodeStats)
+    chunks: int = 0  # the steps walked so far (the index of the next chunk)
+    device: torch.device | None = None  # where the latent or the pieces are decoded (None: no piece yet)
+    stopped: bool = False  # the ranks stopped together: nothing more is agreed on
 
 
 class _Turn:
@@ -195,7 +196,7 @@ class ShardedDecoder(ChunkedDecoder):
         self.group = group
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
-        if isinstance(output_rank, bool) or not isinstance(output_rank, int):
+        if not is_int(output_rank):
             raise TypeError(f"{owner}: output_rank must be an int, got {type(output_rank).__name__}")
         if not 0 <= output_rank < self.world_size:
             raise ValueError(
@@ -296,27 +297,21 @@ class ShardedDecoder(ChunkedDecoder):
         with self._turn.held():
             self._settle_untold()
             self.stats = stats = ShardedDecodeStats()
-            self._check_untiled(z.shape[-2], z.shape[-1])
-            layout = self._plan(z.shape[-2], z.shape[-1])
-            comm, agreement = self._collectives(z.device, stats)
-            with _on_device(z.device):
-                self._agree_boundary(agreement, Next.LATENT, z.shape, chunk=0)
-                steps = None
-                if layout is not None:
-                    steps = self.family.iter_chunks(layout.strip_of(z))
-                elif self.is_output_rank:
-                    steps = self.family.iter_chunks(z)
-            try:
-                verdict, chunks = yield from self._walk(
-                    steps, layout, comm, agreement, stats, z.device, first_chunk=0
-                )
-            finally:
-                if steps is not None:
-                    steps.close()  # frees the decoder caches now
+            height, width = z.shape[-2], z.shape[-1]
+            self._check_untiled(height, width)
+            layout = self._plan(height, width)
+            walk = _ShardedState(self, z.shape[0], height, width, layout=layout, stats=stats, device=z.device)
+
+            def open_steps() -> Iterator[Tensor] | None:
+                if layout is None and not self.is_output_rank:
+                    return None  # not sharded: the output rank decodes alone
+                return self.family.iter_chunks(_this_ranks_part(layout, z))
+
+            verdict = yield from self._agree_and_walk(walk, Next.LATENT, z.shape, open_steps)
             stats.latent_frames += z.shape[2]
             self._raise_if_a_peer_stopped(verdict)
             if verdict is None:
-                self._untold = chunks
+                self._untold = walk.chunks
 
     # -- the steps --
 
@@ -339,65 +334,101 @@ class ShardedDecoder(ChunkedDecoder):
             steps.close()
         publisher.raise_if_failed()
 
+    def _agree_and_walk(
+        self,
+        walk: _ShardedState,
+        kind: Next,
+        shape: Any,
+        open_steps: Callable[[], Iterator[Tensor] | None],
+    ) -> Generator[Tensor, BaseException | None, _Verdict | None]:
+        """A boundary and the walk after it, as every walk runs: agree with every rank on what comes next
+        (``kind``: a latent of ``shape``, a piece, the stream's end), open this rank's steps (None: it has
+        none), walk them and close them, which frees the decoder caches now.
+
+        Returns the verdict that stopped the walk (None: it ended); ``walk.chunks`` counts its chunks.
+        ``walk.stopped`` records that the ranks stopped together: they disagreed at the boundary, the
+        consumer stopped taking chunks, or a verdict stopped them.
+        """
+        device = torch.device("cpu") if walk.device is None else walk.device
+        comm, agreement = self._collectives(device, walk.stats)
+        with _on_device(device):
+            try:
+                self._agree_boundary(agreement, kind, shape, chunk=walk.chunks)
+            except (ValueError, PeerDecodeError):
+                walk.stopped = True  # every rank saw the same disagreement
+                raise
+            steps = open_steps()
+        try:
+            verdict, walk.chunks = yield from self._walk(walk, steps, comm, agreement, device)
+        except BaseException:
+            if walk.stats.stopped_at is not None:  # the consumer stopped taking chunks: so did every rank
+                walk.stopped = True
+            raise
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+        if verdict is not None:
+            walk.stopped = True
+        return verdict
+
     def _walk(
         self,
+        walk: _ShardedState,
         steps: Iterator[Tensor] | None,
-        layout: StripLayout | None,
         comm: Collectives,
         agreement: Agreement,
-        stats: ShardedDecodeStats,
         device: torch.device,
-        *,
-        first_chunk: int,
     ) -> _Walk:
-        """Run one walk (a latent, a piece, a stream's end) to its end or to the step where the ranks stop
-        together (see ``_Walk``)."""
-        if layout is None:
-            return (yield from self._walk_alone(steps, agreement, stats, device, first_chunk))
-        if steps is None:
-            return None, first_chunk
-        context = ShardContext(self.vae.decoder, layout, comm)
-        index = first_chunk
+        """Run one walk (a latent, a piece, a stream's end) from chunk ``walk.chunks`` to its end or to the
+        step where the ranks stop together (see ``_Walk``).
+
+        One loop, two sources of steps. Sharded, every rank decodes its strip of each step and the output
+        rank gathers the chunk: every rank has the same steps, so all see the walk end together. Not
+        sharded, the output rank decodes the whole and the others have no steps: its word after each step
+        says whether the walk ended (a step more than the walk has), and they follow it.
+        """
+        stats = walk.stats
+        if walk.layout is None:
+            ends_together, source = False, self._whole_steps(steps, stats)
+        else:
+            assert steps is not None  # every rank decodes its strip
+            context = ShardContext(self.vae.decoder, walk.layout, comm)
+            ends_together, source = True, self._strip_steps(steps, context, comm, stats)
+        index = walk.chunks
         while True:
             with _on_device(device):
-                held = self._step(steps, context, comm, stats)
-            if held is None:
+                held = next(source, None)
+            if held is None and ends_together:
                 return None, index  # every rank's walk has the same steps: all end here together
             failure = (yield from self._hand_on(held, agreement, stats, index)) if held else None
-            _, verdict = self._agree_step(agreement, failure, index, ended=False)
-            index += 1
-            if verdict is not None:
-                stats.stopped_at = index - 1
-                return verdict, index
-
-    def _walk_alone(
-        self,
-        steps: Iterator[Tensor] | None,
-        agreement: Agreement,
-        stats: ShardedDecodeStats,
-        device: torch.device,
-        index: int,
-    ) -> _Walk:
-        """Not sharded: the output rank decodes the whole, the others follow its verdict after each step
-        (a step more than the walk has, to hear that it ended)."""
-        while True:
-            ended, held = True, list[Tensor]()
-            if self.is_output_rank and steps is not None:
-                with _on_device(device):
-                    chunk = next(steps, None)
-                if chunk is not None:
-                    ended = False
-                    stats.steps += 1
-                    held.append(chunk)
-                    del chunk
-            failure = (yield from self._hand_on(held, agreement, stats, index)) if held else None
-            status, verdict = self._agree_step(agreement, failure, index, ended=ended)
+            status, verdict = self._agree_step(agreement, failure, index, ended=held is None)
             if status == Word.WALK_ENDED:
                 return None, index
             index += 1
             if verdict is not None:
                 stats.stopped_at = index - 1
                 return verdict, index
+
+    def _whole_steps(
+        self, steps: Iterator[Tensor] | None, stats: ShardedDecodeStats
+    ) -> Iterator[list[Tensor]]:
+        """Not sharded: ``[chunk]`` for each step of the output rank's decode of the whole, then the end. A
+        rank without steps gives ``[]`` for every step, never an end: the output rank's word tells it."""
+        if steps is None:
+            while True:
+                yield []
+        # A list the walk pops the chunk from: suspended here, the source holds no chunk it handed on.
+        while held := list(itertools.islice(steps, 1)):
+            stats.steps += 1
+            yield held
+
+    def _strip_steps(
+        self, steps: Iterator[Tensor], context: ShardContext, comm: Collectives, stats: ShardedDecodeStats
+    ) -> Iterator[list[Tensor]]:
+        """Sharded: for each step of this rank's strip, its chunk gathered (:meth:`_step`), then the end."""
+        while (held := self._step(steps, context, comm, stats)) is not None:
+            yield held
 
     def _step(
         self, steps: Iterator[Tensor], context: ShardContext, comm: Collectives, stats: ShardedDecodeStats
@@ -549,18 +580,6 @@ class ShardedDecoder(ChunkedDecoder):
             )
 
 
-@dataclass(eq=False)
-class _ShardedState(DecodeState):
-    """A stream of latent pieces decoded across the group: the split, and the strip's own stream state."""
-
-    layout: StripLayout | None = None  # None: not sharded, the output rank decodes alone
-    inner: DecodeState | None = None  # the family adapter's state for this rank's strip (None: idle rank)
-    stats: ShardedDecodeStats = field(default_factory=ShardedDecodeStats)
-    chunks: int = 0  # the steps walked so far (the index of the next chunk)
-    device: torch.device | None = None  # where the pieces are decoded (the first piece's device)
-    stopped: bool = False  # the ranks stopped together: nothing more is agreed on
-
-
 class ShardedWanDecoder(ShardedDecoder):
     """The :class:`ShardedDecoder` of an ``AutoencoderKLWan`` (2.1 or 2.2) or ``AutoencoderKLQwenImage``.
 
@@ -665,82 +684,34 @@ class ShardedWanDecoder(ShardedDecoder):
     def _check_piece(self, state: DecodeState, z: Tensor) -> _ShardedState:
         """``state``, piece ``z`` counted as fed, if ``z`` may be fed now; else ValueError or TypeError."""
         state = self._open(state)
-        self.check_latents(z)
-        if (z.shape[0], *z.shape[3:]) != (state.batch, state.height, state.width):
-            raise ValueError(
-                f"{type(self).__name__}: z must be a piece of the stream's latent [{state.batch}, "
-                f"{self.latent_channels}, frames, {state.height}, {state.width}], got shape {tuple(z.shape)}"
-            )
-        if state.decoded != state.fed:
-            raise ValueError(
-                f"{type(self).__name__}: the previous piece was not decoded to its end "
-                f"({state.decoded} of {state.fed} latent frames); only end() or abort() is possible now"
-            )
-        state.fed += z.shape[2]
+        self._take_piece(state, z)
         state.device = z.device
         return state
 
     def _piece_steps(self, state: _ShardedState, z: Tensor) -> _Steps:
-        comm, agreement = self._collectives(z.device, state.stats)
-        with _on_device(z.device):
-            self._agree_on(state, agreement, Next.PIECE, z.shape)
-            steps = None
-            if state.inner is not None:
-                piece = z if state.layout is None else state.layout.strip_of(z)
-                steps = self.family.feed(state.inner, piece)
-        if (yield from self._walk_piece(state, steps, comm, agreement)):
+        inner, layout = state.inner, state.layout
+        verdict = yield from self._agree_and_walk(
+            state,
+            Next.PIECE,
+            z.shape,
+            lambda: None if inner is None else self.family.feed(inner, _this_ranks_part(layout, z)),
+        )
+        self._raise_if_a_peer_stopped(verdict)
+        if verdict is None:
             state.decoded = state.fed
             state.stats.latent_frames += z.shape[2]
 
     def _finish_steps(self, state: _ShardedState) -> _Steps:
+        inner = state.inner
         try:
-            device = torch.device("cpu") if state.device is None else state.device
-            comm, agreement = self._collectives(device, state.stats)
-            with _on_device(device):
-                self._agree_on(state, agreement, Next.FINISH, None)
-                steps = None if state.inner is None else self.family.end(state.inner)
-            if (yield from self._walk_piece(state, steps, comm, agreement)):  # what the family held back
+            verdict = yield from self._agree_and_walk(  # what the family held back
+                state, Next.FINISH, None, lambda: None if inner is None else self.family.end(inner)
+            )
+            self._raise_if_a_peer_stopped(verdict)
+            if verdict is None:
                 self._untold = state.chunks
         finally:
             self._close(state)
-
-    def _walk_piece(
-        self,
-        state: _ShardedState,
-        steps: Iterator[Tensor] | None,
-        comm: Collectives,
-        agreement: Agreement,
-    ) -> Generator[Tensor, BaseException | None, bool]:
-        """One piece's walk (or the end's), under the failure rule: the ranks stop together or go on.
-
-        Returns whether it went on (False: this rank's own failure stopped the ranks, which its driver
-        raises); raises :class:`PeerDecodeError` where a peer stopped them.
-        """
-        device = torch.device("cpu") if state.device is None else state.device
-        try:
-            verdict, state.chunks = yield from self._walk(
-                steps, state.layout, comm, agreement, state.stats, device, first_chunk=state.chunks
-            )
-        except BaseException:
-            if state.stats.stopped_at is not None:  # the consumer stopped taking chunks: so did every rank
-                state.stopped = True
-            raise
-        finally:
-            close = getattr(steps, "close", None)
-            if close is not None:
-                close()
-        if verdict is not None:
-            state.stopped = True
-        self._raise_if_a_peer_stopped(verdict)
-        return verdict is None
-
-    def _agree_on(self, state: _ShardedState, agreement: Agreement, kind: Next, shape: Any) -> None:
-        """A stream's boundary: agree, and mark the stream stopped on every rank if the ranks disagree."""
-        try:
-            self._agree_boundary(agreement, kind, shape, chunk=state.chunks)
-        except (ValueError, PeerDecodeError):
-            state.stopped = True  # every rank saw the same disagreement
-            raise
 
     def _open(self, state: DecodeState) -> _ShardedState:
         if not isinstance(state, _ShardedState):
@@ -798,6 +769,11 @@ def sharded_decoder(
 def _on_device(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     # The current CUDA device is per thread, and this runs in a worker thread, not the one that set it.
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def _this_ranks_part(layout: StripLayout | None, z: Tensor) -> Tensor:
+    """What of latent ``z`` this rank decodes: its strip, or the whole where the decode is not sharded."""
+    return z if layout is None else layout.strip_of(z)
 
 
 def _what_stopped(error: BaseException) -> str:

@@ -3,8 +3,9 @@
 :class:`ChunkedDecoder` completes :class:`streamvae.SupportsChunkedVAEDecode`: latent checks and casts, the
 accelerate forward hook, batch slicing, the failure rule and the step API (:meth:`~ChunkedDecoder.iter_chunks`
 for a whole latent; :meth:`~ChunkedDecoder.start` / :meth:`~ChunkedDecoder.feed` /
-:meth:`~ChunkedDecoder.end` for latents that arrive in pieces). :class:`ProtocolDecoder` gives the same
-surface to a decoder that implements only the protocol.
+:meth:`~ChunkedDecoder.end` for latents that arrive in pieces, with one check of a piece).
+:class:`WholeClipDecoder` is the base of a family whose decoder needs the whole latent at once.
+:class:`ProtocolDecoder` gives the same surface to a decoder that implements only the protocol.
 """
 
 from __future__ import annotations
@@ -19,12 +20,9 @@ from torch import Tensor
 from streamvae._checks import check_bool, check_latents
 from streamvae._protocol import SupportsChunkedVAEDecode, publish_chunks
 from streamvae._quantize import ValueRange
-from streamvae.models._common import execution_device
+from streamvae.models._common import execution_device, split_frames
 
-__all__ = ["PIECEWISE_CLASSES", "ChunkedDecoder", "DecodeState", "ProtocolDecoder"]
-
-#: the diffusers VAE classes whose adapter decodes latents that arrive in pieces (causal across calls)
-PIECEWISE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLKVAEVideo")
+__all__ = ["ChunkedDecoder", "DecodeState", "ProtocolDecoder", "WholeClipDecoder"]
 
 
 @dataclass(eq=False)
@@ -202,8 +200,7 @@ class ChunkedDecoder:
             prefix = "" if owner is None else f"{owner}: "
             raise TypeError(
                 f"{prefix}{type(self).__name__} cannot decode latents in pieces (its decoder is not causal "
-                f"across calls); pieces work for the adapters of {', '.join(PIECEWISE_CLASSES)}, and for a "
-                "ChunkedDecoder subclass of your own that sets takes_pieces and writes start / piece_chunks"
+                f"across calls); {_who_takes_pieces()}"
             )
 
     def start(self, batch: int, height: int, width: int) -> DecodeState:
@@ -221,20 +218,7 @@ class ChunkedDecoder:
         Checks the piece and runs the VAE's forward hook, now. Take every chunk of a piece before feeding
         the next; a piece whose generator was closed early leaves the state able only to :meth:`end`.
         """
-        self._check_open(state)
-        self.check_latents(z)
-        if (z.shape[0], *z.shape[3:]) != (state.batch, state.height, state.width):
-            channels = "channels" if self.latent_channels is None else self.latent_channels
-            raise ValueError(
-                f"{type(self).__name__}: z must be a piece of the stream's latent [{state.batch}, "
-                f"{channels}, frames, {state.height}, {state.width}], got shape {tuple(z.shape)}"
-            )
-        if state.decoded != state.fed:
-            raise ValueError(
-                f"{type(self).__name__}: the previous piece was not decoded to its end "
-                f"({state.decoded} of {state.fed} latent frames); only end() is possible now"
-            )
-        state.fed += z.shape[2]
+        self._take_piece(state, z)
         self.run_forward_hook()
         return _without_grad(self.piece_chunks(state, z))
 
@@ -301,6 +285,27 @@ class ChunkedDecoder:
         if state.ended:
             raise ValueError(f"{type(self).__name__}: this stream has ended; start() a new one")
 
+    def _take_piece(self, state: DecodeState, z: Tensor) -> None:
+        """Count piece ``z`` as fed to ``state``'s stream, if it may be fed now; else ValueError or TypeError.
+
+        The one check of a piece, for every decoder that takes pieces (a sharded one's too): the stream is
+        open, ``z`` is a latent of the stream's batch and size, and the previous piece was decoded whole.
+        """
+        self._check_open(state)
+        self.check_latents(z)
+        if (z.shape[0], *z.shape[3:]) != (state.batch, state.height, state.width):
+            channels = "channels" if self.latent_channels is None else self.latent_channels
+            raise ValueError(
+                f"{type(self).__name__}: z must be a piece of the stream's latent [{state.batch}, "
+                f"{channels}, frames, {state.height}, {state.width}], got shape {tuple(z.shape)}"
+            )
+        if state.decoded != state.fed:
+            raise ValueError(
+                f"{type(self).__name__}: the previous piece was not decoded to its end "
+                f"({state.decoded} of {state.fed} latent frames); only end() or abort() is possible now"
+            )
+        state.fed += z.shape[2]
+
     def _whole_latent(
         self, state: DecodeState, piece: Generator[Tensor, None, None]
     ) -> Generator[Tensor, None, None]:
@@ -310,6 +315,43 @@ class ChunkedDecoder:
         finally:
             piece.close()
             self.end(state)  # a consumer that stopped early: free the caches now
+
+
+class WholeClipDecoder(ChunkedDecoder):
+    """Base of a family whose decoder needs the whole latent at once (Cosmos, Mochi): it decodes the clip as
+    ``vae.decode`` does, then hands it on a latent frame's worth at a time, for the encoder to take while
+    the rest wait.
+
+    A family writes :meth:`decode_clip`; ``streams`` is False. Memory: as ``vae.decode``; the chunks are
+    views of the decoded clip, held until the last is released.
+    """
+
+    @property
+    def streams(self) -> bool:
+        """False: the decoder runs over the whole clip at once."""
+        return False
+
+    @property
+    def temporal_ratio(self) -> int:
+        """The frames each latent frame after the first gives: the VAE's ``temporal_compression_ratio``,
+        read from its config where the config holds it (reading a config value as an attribute is
+        deprecated), else its attribute."""
+        config = self.vae.config
+        if "temporal_compression_ratio" in config:
+            return int(config["temporal_compression_ratio"])
+        return int(self.vae.temporal_compression_ratio)
+
+    def output_frames(self, latent_frames: int) -> int:
+        """One frame for the first latent frame, :attr:`temporal_ratio` for each after it."""
+        return 1 + (latent_frames - 1) * self.temporal_ratio
+
+    def decode_clip(self, z: Tensor) -> Tensor:
+        """What a family writes: the whole clip of latent ``z`` (BCTHW), decoded as ``vae.decode`` does."""
+        raise NotImplementedError(f"{type(self).__name__} implements no decode_clip")
+
+    def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+        # the first latent frame's frames, then a latent frame's worth a chunk
+        yield from split_frames(self.decode_clip(z), latent_frames=z.shape[2], step=self.temporal_ratio)
 
 
 def _without_grad(chunks: Iterator[Tensor]) -> Generator[Tensor, None, None]:
@@ -328,6 +370,16 @@ def _without_grad(chunks: Iterator[Tensor]) -> Generator[Tensor, None, None]:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
+
+
+def _who_takes_pieces() -> str:
+    """What a decoder that refuses pieces names instead: the adapters that take them, as they say."""
+    from streamvae.models._registry import piecewise_classes  # here: the registry imports this module
+
+    return (
+        f"pieces work for the adapters of {', '.join(piecewise_classes())}, and for a ChunkedDecoder "
+        "subclass of your own that sets takes_pieces and writes start / piece_chunks"
+    )
 
 
 class ProtocolDecoder(ChunkedDecoder):
@@ -380,6 +432,5 @@ class ProtocolDecoder(ChunkedDecoder):
         prefix = "" if owner is None else f"{owner}: "
         raise TypeError(
             f"{prefix}{type(self.decoder).__qualname__} implements only decode_with_chunks: it cannot decode "
-            f"latents in pieces; pieces work for the adapters of {', '.join(PIECEWISE_CLASSES)}, and for a "
-            "ChunkedDecoder subclass of your own that sets takes_pieces and writes start / piece_chunks"
+            f"latents in pieces; {_who_takes_pieces()}"
         )

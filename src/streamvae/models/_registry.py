@@ -1,17 +1,21 @@
 """Which adapter wraps which diffusers VAE, and the one entry point that turns anything decodable into a
-:class:`~streamvae.models.ChunkedDecoder`."""
+:class:`~streamvae.models.ChunkedDecoder`.
+
+The map names each adapter; what an adapter can do (``takes_pieces``) is read off the adapter itself.
+"""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from collections.abc import Sequence
 from typing import Any
 
 from streamvae._protocol import SupportsChunkedVAEDecode
-from streamvae.models._base import PIECEWISE_CLASSES, ChunkedDecoder, ProtocolDecoder
+from streamvae.models._base import ChunkedDecoder, ProtocolDecoder
 
-__all__ = ["as_decoder", "chunked_decoder", "supported_classes"]
+__all__ = ["as_decoder", "chunked_decoder", "piecewise_classes", "supported_classes"]
 
 # diffusers class name -> (adapter module, adapter class). Imported lazily: each family pulls only its own.
 _ADAPTERS: dict[str, tuple[str, str]] = {
@@ -38,6 +42,21 @@ def supported_classes() -> list[str]:
 
 
 _ALL = tuple(supported_classes())
+
+
+@functools.cache
+def piecewise_classes() -> tuple[str, ...]:
+    """The diffusers VAE class names whose adapter decodes latents in pieces, read off each adapter's
+    ``takes_pieces``. It imports every adapter (and diffusers): for messages, never on a decode's path."""
+    found = []
+    for vae_class in _ADAPTERS:
+        try:
+            adapter_cls = _adapter_class(vae_class)
+        except ImportError:  # a family this diffusers lacks: no VAE of it can be in hand here
+            continue
+        if adapter_cls.takes_pieces:
+            found.append(vae_class)
+    return tuple(found)
 
 
 def chunked_decoder(vae: Any, **decode_kwargs: Any) -> ChunkedDecoder:
@@ -70,7 +89,7 @@ def as_decoder(
         decoder = ProtocolDecoder(vae)
     elif pieces:
         accepted = "a diffusers VAE or a streamvae.models.ChunkedDecoder that decodes latents in pieces"
-        return _adapter(vae, decode_kwargs, owner=owner, accepted=accepted, supported=PIECEWISE_CLASSES)
+        return _adapter(vae, decode_kwargs, owner=owner, accepted=accepted, supported=piecewise_classes())
     else:
         accepted = "a supported diffusers VAE or a streamvae.SupportsChunkedVAEDecode"
         return _adapter(vae, decode_kwargs, owner=owner, accepted=accepted, supported=_ALL)
@@ -89,8 +108,7 @@ def _adapter(
     for cls in type(vae).__mro__:
         entry = _ADAPTERS.get(cls.__name__)
         if entry is not None and cls.__module__.startswith("diffusers."):
-            module_name, adapter_name = entry
-            adapter_cls = getattr(importlib.import_module(module_name), adapter_name)
+            adapter_cls = _adapter_class(cls.__name__)
             _check_decode_kwargs(adapter_cls, cls.__name__, vae, decode_kwargs, owner)
             adapter: ChunkedDecoder = adapter_cls(vae, **decode_kwargs)
             return adapter
@@ -98,6 +116,13 @@ def _adapter(
         f"{owner}: vae must be {accepted}, got {type(vae).__module__}.{type(vae).__qualname__}; "
         f"supported diffusers classes: {', '.join(supported)}"
     )
+
+
+def _adapter_class(vae_class: str) -> type[ChunkedDecoder]:
+    """The adapter class of diffusers class ``vae_class`` (a key of ``_ADAPTERS``), imported now."""
+    module_name, adapter_name = _ADAPTERS[vae_class]
+    adapter_cls: type[ChunkedDecoder] = getattr(importlib.import_module(module_name), adapter_name)
+    return adapter_cls
 
 
 def _check_decode_kwargs(

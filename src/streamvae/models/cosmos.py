@@ -16,50 +16,31 @@ apart, so a decode in time batches through diffusers' modules is not the whole-c
 
 from __future__ import annotations
 
-from collections.abc import Generator
-
 from diffusers.models.autoencoders.autoencoder_kl_cosmos import AutoencoderKLCosmos
 from torch import Tensor
 
-from streamvae.models._base import ChunkedDecoder
-from streamvae.models._common import split_frames
+from streamvae.models._base import WholeClipDecoder
 
 __all__ = ["CosmosChunkedDecoder"]
 
 
-class CosmosChunkedDecoder(ChunkedDecoder):
+class CosmosChunkedDecoder(WholeClipDecoder):
     """Decodes an ``AutoencoderKLCosmos`` latent whole, as ``vae.decode`` does, then hands it on in chunks.
 
     The concatenated chunks are ``torch.equal`` to ``vae.decode(z).sample`` with the instance's
     ``use_slicing`` (the only setting ``vae.decode`` reads: like it, the adapter ignores ``use_tiling`` and
     ``use_framewise_decoding``). ``streams`` is False: the decoder needs the whole latent, so the first
-    chunk (1 frame) leaves when the whole clip is decoded, then 8 frames a chunk. Chunks are nominally in
-    [-1, 1]; the decoder does not clamp (neither does ``vae.decode``; the pipelines' post-processing does),
-    so values may overshoot.
-
-    Memory: as ``vae.decode``; the chunks are views of the decoded clip, held until the last is released.
+    chunk (1 frame) leaves when the whole clip is decoded, then 8 frames a chunk: views of the clip, held
+    until the last is released (memory: as ``vae.decode``). Chunks are nominally in [-1, 1]; the decoder
+    does not clamp (neither does ``vae.decode``; the pipelines' post-processing does), so values may
+    overshoot.
     """
 
     vae: AutoencoderKLCosmos
     vae_classes = (AutoencoderKLCosmos,)
     channels_key = "latent_channels"
 
-    @property
-    def streams(self) -> bool:
-        """False: the decoder runs over the whole clip at once."""
-        return False
-
-    def output_frames(self, latent_frames: int) -> int:
-        """One frame for the first latent frame, ``temporal_compression_ratio`` for each after it."""
-        return 1 + (latent_frames - 1) * self._temporal_ratio
-
-    def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
-        vae = self.vae
-        video: Tensor = vae.decoder(vae.post_quant_conv(z))
-        ratio = self._temporal_ratio
-        # the first latent frame's frames, then a latent frame's worth a chunk, for the encoder to take
-        yield from split_frames(video, latent_frames=z.shape[2], step=ratio)
-
-    @property
-    def _temporal_ratio(self) -> int:
-        return int(self.vae.config["temporal_compression_ratio"])  # as an attribute: deprecated
+    def decode_clip(self, z: Tensor) -> Tensor:
+        """``post_quant_conv`` and the decoder, once over the whole clip, as ``_decode`` runs them."""
+        video: Tensor = self.vae.decoder(self.vae.post_quant_conv(z))
+        return video

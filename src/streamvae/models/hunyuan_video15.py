@@ -79,11 +79,6 @@ class HunyuanVideo15ChunkedDecoder(ChunkedDecoder):
     vae_classes = (AutoencoderKLHunyuanVideo15,)
     channels_key = "latent_channels"
 
-    @property
-    def streams(self) -> bool:
-        """True: each latent frame's video frames leave once its step is decoded."""
-        return True
-
     def output_frames(self, latent_frames: int) -> int:
         """``1 + temporal_compression_ratio · (latent_frames − 1)``, as ``vae.decode`` gives."""
         return 1 + int(self.vae.temporal_compression_ratio) * (latent_frames - 1)

@@ -36,6 +36,7 @@ from diffusers.models.autoencoders.autoencoder_kl_kvae_video import (
 )
 from torch import Tensor
 
+from streamvae._checks import is_int
 from streamvae.models._base import ChunkedDecoder, DecodeState
 
 __all__ = ["KVAEVideoChunkedDecoder"]
@@ -102,7 +103,7 @@ class KVAEVideoChunkedDecoder(ChunkedDecoder):
         """Begin a stream of latent pieces [batch, z_channels, t, height, width]; ``use_slicing`` is read
         now."""
         for name, size in (("batch", batch), ("height", height), ("width", width)):
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            if not is_int(size) or size < 1:
                 raise ValueError(f"{type(self).__name__}.start: {name} must be a positive int, got {size!r}")
         lanes = [(entries, self._new_cache()) for entries in self.entry_slices(batch)]
         return _KVAEState(owner=self, batch=batch, height=height, width=width, lanes=lanes)

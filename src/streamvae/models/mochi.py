@@ -19,26 +19,26 @@ not work (see :class:`MochiChunkedDecoder`), so the adapter refuses it rather th
 
 from __future__ import annotations
 
-from collections.abc import Generator
 from typing import cast
 
 from diffusers.models.autoencoders.autoencoder_kl_mochi import AutoencoderKLMochi
 from diffusers.models.autoencoders.vae import DecoderOutput
 from torch import Tensor
 
-from streamvae.models._base import ChunkedDecoder
-from streamvae.models._common import split_frames, uses_spatial_tiling
+from streamvae.models._base import WholeClipDecoder
+from streamvae.models._common import uses_spatial_tiling
 
 __all__ = ["MochiChunkedDecoder"]
 
 
-class MochiChunkedDecoder(ChunkedDecoder):
+class MochiChunkedDecoder(WholeClipDecoder):
     """Decodes an ``AutoencoderKLMochi`` latent whole, as ``vae.decode`` does, then hands it on in chunks.
 
     The concatenated chunks are ``torch.equal`` to ``vae.decode(z).sample`` with the instance's settings:
     the same decoder call (or ``tiled_decode`` with ``use_tiling`` and a latent larger than a tile),
     ``use_slicing``, and ``drop_last_temporal_frames``. ``streams`` is False: the decoder needs the whole
-    latent, so the first chunk (1 frame) leaves when the whole clip is decoded, then 6 frames a chunk.
+    latent, so the first chunk (1 frame) leaves when the whole clip is decoded, then 6 frames a chunk:
+    views of the clip, held until the last is released (memory: as ``vae.decode``).
     Chunks are nominally in [-1, 1]; the decoder does not clamp (neither does ``vae.decode``; the
     pipeline's post-processing does), so values may overshoot.
 
@@ -46,23 +46,16 @@ class MochiChunkedDecoder(ChunkedDecoder):
     ``_enable_framewise_decoding()`` switches the causal convolutions to constant padding, which loses
     their spatial padding, so ``vae.decode`` raises; the flag set alone decodes every
     ``num_latent_frames_batch_size`` latent frames without the ones before, so the batches do not join up.
-
-    Memory: as ``vae.decode``; the chunks are views of the decoded clip, held until the last is released.
     """
 
     vae: AutoencoderKLMochi
     vae_classes = (AutoencoderKLMochi,)
     channels_key = "latent_channels"
 
-    @property
-    def streams(self) -> bool:
-        """False: the decoder runs over the whole clip at once."""
-        return False
-
     def output_frames(self, latent_frames: int) -> int:
         """``r`` frames a latent frame (``r`` the temporal compression), less ``r - 1`` with
         ``drop_last_temporal_frames`` (``vae.decode`` drops them whenever there are ``r``: always)."""
-        ratio = int(self.vae.temporal_compression_ratio)
+        ratio = self.temporal_ratio
         frames = latent_frames * ratio
         return frames - (ratio - 1) if self.vae.drop_last_temporal_frames else frames
 
@@ -80,15 +73,14 @@ class MochiChunkedDecoder(ChunkedDecoder):
                 "decode the whole clip, as vae.decode does by default"
             )
 
-    def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
+    def decode_clip(self, z: Tensor) -> Tensor:
+        """The decoder once over the whole clip (or ``tiled_decode``), dropping frames as ``_decode`` does."""
         vae = self.vae
-        ratio = int(vae.temporal_compression_ratio)
-        video: Tensor
         if uses_spatial_tiling(vae, z.shape[-2], z.shape[-1]):
-            video = cast(DecoderOutput, vae.tiled_decode(z, return_dict=True)).sample  # drops frames itself
-        else:
-            video, _ = vae.decoder(z)
-            if vae.drop_last_temporal_frames and video.shape[2] >= ratio:
-                video = video[:, :, ratio - 1 :]
-        # the first latent frame's frames, then a latent frame's worth a chunk, for the encoder to take
-        yield from split_frames(video, latent_frames=z.shape[2], step=ratio)
+            return cast(DecoderOutput, vae.tiled_decode(z, return_dict=True)).sample  # drops frames itself
+        video: Tensor
+        video, _ = vae.decoder(z)
+        ratio = self.temporal_ratio
+        if vae.drop_last_temporal_frames and video.shape[2] >= ratio:
+            video = video[:, :, ratio - 1 :]
+        return video

@@ -27,7 +27,7 @@ from diffusers.models.autoencoders.autoencoder_kl_qwenimage import (
 from diffusers.models.autoencoders.autoencoder_kl_wan import AutoencoderKLWan, WanCausalConv3d, unpatchify
 from torch import Tensor
 
-from streamvae._checks import check_latents
+from streamvae._checks import check_latents, is_int
 from streamvae.models._base import ChunkedDecoder, DecodeState
 from streamvae.models._common import blend_tiles, execution_device, uses_spatial_tiling
 
@@ -122,7 +122,7 @@ class WanChunkedDecoder(ChunkedDecoder):
         """Begin a stream of latent pieces [batch, z_dim, t, height, width]; ``use_slicing`` and
         ``use_tiling`` are read now."""
         for name, size in (("batch", batch), ("height", height), ("width", width)):
-            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            if not is_int(size) or size < 1:
                 raise ValueError(f"{type(self).__name__}.start: {name} must be a positive int, got {size!r}")
         grid = self._tile_grid(height, width) if uses_spatial_tiling(self.vae, height, width) else None
         tiles = 1 if grid is None else len(grid.row_starts) * len(grid.col_starts)

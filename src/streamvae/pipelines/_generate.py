@@ -15,6 +15,7 @@ import dataclasses
 import functools
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -88,14 +89,14 @@ async def generate_mp4(
     is never abandoned.
     """
     owner = "generate_mp4"
-    plan, options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="mp4")
-    if plan.clips is not None:
+    call, options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="mp4")
+    if call.plan.clips is not None:
         async with ChunkedVideoMP4Session(options=options) as session:
             sink = ClipSink(chunk_bridge(session, owner), functools.partial(session.check_batch, owner=owner))
-            await _run_clips(pipe, plan, pipeline_kwargs, sink, owner)
+            await _run_clips(call, sink)
             return await session.finish()
-    captured, options = await _run_once(pipe, plan, pipeline_kwargs, options, owner)
-    decoder = _decoder(pipe, plan, pipeline_kwargs, captured, owner)
+    captured, options = await _run_once(call, options)
+    decoder = _decoder(call, captured)
     return await decode_to_mp4(decoder, captured.latents, options=options)
 
 
@@ -120,42 +121,40 @@ def stream_generation(
     entered.
     """
     owner = "stream_generation"
-    plan, options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="fragmented")
-    if plan.clips is not None:
-        return _streamed_clips(pipe, plan, pipeline_kwargs, options, owner)
-    return _streamed_once(pipe, plan, pipeline_kwargs, options, owner)
+    call, options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="fragmented")
+    if call.plan.clips is not None:
+        return _streamed_clips(call, options)
+    return _streamed_once(call, options)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One checked call: the pipeline, its plan, its own keywords and the function the user called."""
+
+    pipe: Any
+    plan: PipelinePlan
+    kwargs: Mapping[str, Any]
+    owner: str
 
 
 @asynccontextmanager
-async def _streamed_once(
-    pipe: Any,
-    plan: PipelinePlan,
-    pipeline_kwargs: Mapping[str, Any],
-    options: SessionOptions,
-    owner: str,
-) -> AsyncIterator[list[MP4ByteStream]]:
+async def _streamed_once(call: _Call, options: SessionOptions) -> AsyncIterator[list[MP4ByteStream]]:
     """The block of :func:`stream_generation` for a pipeline that decodes once."""
-    captured, options = await _run_once(pipe, plan, pipeline_kwargs, options, owner)
-    decoder = _decoder(pipe, plan, pipeline_kwargs, captured, owner)
+    captured, options = await _run_once(call, options)
+    decoder = _decoder(call, captured)
     async with stream_mp4(decoder, captured.latents, options=options) as streams:
         yield streams
 
 
 @asynccontextmanager
-async def _streamed_clips(
-    pipe: Any,
-    plan: PipelinePlan,
-    pipeline_kwargs: Mapping[str, Any],
-    options: SessionOptions,
-    owner: str,
-) -> AsyncIterator[list[MP4ByteStream]]:
+async def _streamed_clips(call: _Call, options: SessionOptions) -> AsyncIterator[list[MP4ByteStream]]:
     """The block of :func:`stream_generation` for a pipeline that decodes clip by clip: the pipeline is
     the session's producer, and the block is entered once its first decode opened the streams."""
+    owner = call.owner
     session = ChunkedVideoMP4Session(options=options)
     streams: list[MP4ByteStream] = []
     opened = anyio.Event()
     failed: list[BaseException] = []
-    scope = anyio.CancelScope()
 
     async def open_streams(batch: int) -> None:
         session.check_batch(batch, owner=owner)
@@ -167,28 +166,21 @@ async def _streamed_clips(
 
     async def produce() -> None:
         try:
-            with scope:
-                sink = ClipSink(chunk_bridge(session, owner), on_batch)
-                await _run_clips(pipe, plan, pipeline_kwargs, sink, owner)
-                await session.finish()
+            sink = ClipSink(chunk_bridge(session, owner), on_batch)
+            await _run_clips(call, sink)
+            await session.finish()
         except BaseException as error:
             failed.append(error)
             raise
         finally:
             opened.set()
 
-    async with session:
-        session.start_producer(produce)
-        try:
-            await opened.wait()
-            if not streams:
-                # The pipeline ended before its first decode: its error is the block's.
-                raise failed[0] if failed else RuntimeError(f"{owner}: the pipeline ended without decoding")
-            yield streams
-        finally:
-            scope.cancel()  # a no-op once the pipeline is done; stops it if the caller left early
-            for stream in streams:
-                await stream.aclose()
+    async with session, session.producing(produce, streams):
+        await opened.wait()
+        if not streams:
+            # The pipeline ended before its first decode: its error is the block's.
+            raise failed[0] if failed else RuntimeError(f"{owner}: the pipeline ended without decoding")
+        yield streams
 
 
 def _check(
@@ -199,7 +191,7 @@ def _check(
     *,
     owner: str,
     output: str,
-) -> tuple[PipelinePlan, SessionOptions]:
+) -> tuple[_Call, SessionOptions]:
     """Check every argument of a call, before the pipeline runs: the pipeline's VAE, the pipeline, its
     keywords, the fps and the session options (``value_range`` defaults to the VAE's decoder's)."""
     vae = check_pipeline(pipe, owner=owner)
@@ -228,26 +220,21 @@ def _check(
         )
     if plan.clips is not None and options.audio_waveforms is None and plan.sound is not None:
         raise TypeError(f"{owner}: {plan.name} decodes clip by clip and makes sound: streamvae cannot mux it")
-    return plan, options
+    return _Call(pipe, plan, pipeline_kwargs, owner), options
 
 
-async def _run_once(
-    pipe: Any,
-    plan: PipelinePlan,
-    pipeline_kwargs: Mapping[str, Any],
-    options: SessionOptions,
-    owner: str,
-) -> tuple[CapturedDecode, SessionOptions]:
+async def _run_once(call: _Call, options: SessionOptions) -> tuple[CapturedDecode, SessionOptions]:
     """Run a pipeline that decodes once up to its decode in a worker thread of its own (never abandoned)
     — to its end when its sound is wanted — and return what it passed there, with the options that carry
     its sound. The batch is checked against the options."""
     # A modular pipeline goes on past its decode even without sound: its blocks log an exception that
     # stops them as an ERROR, with its traceback, before passing it on.
+    pipe, plan, owner = call.pipe, call.plan, call.owner
     go_on = plan.modular or (plan.sound is not None and options.audio_waveforms is None)
     result: list[CapturedDecode] = []
 
     def work() -> None:
-        result.append(run_to_decode(pipe, pipeline_kwargs, owner=owner, plan=plan, go_on=go_on))
+        result.append(run_to_decode(pipe, call.kwargs, owner=owner, plan=plan, go_on=go_on))
 
     await run_decode_worker(work, limiter=_own_limiter())
     captured = result[0]
@@ -259,11 +246,11 @@ async def _run_once(
     return captured, options
 
 
-async def _run_clips(
-    pipe: Any, plan: PipelinePlan, pipeline_kwargs: Mapping[str, Any], sink: ClipSink, owner: str
-) -> None:
+async def _run_clips(call: _Call, sink: ClipSink) -> None:
     """Run a pipeline that decodes clip by clip in a worker thread of its own (never abandoned)."""
-    await run_decode_worker(run_clips, pipe, plan, pipeline_kwargs, sink, owner, limiter=_own_limiter())
+    await run_decode_worker(
+        run_clips, call.pipe, call.plan, call.kwargs, sink, call.owner, limiter=_own_limiter()
+    )
 
 
 def _own_limiter() -> anyio.CapacityLimiter:
@@ -271,12 +258,11 @@ def _own_limiter() -> anyio.CapacityLimiter:
     return anyio.CapacityLimiter(1)
 
 
-def _decoder(
-    pipe: Any, plan: PipelinePlan, pipeline_kwargs: Mapping[str, Any], captured: CapturedDecode, owner: str
-) -> ChunkedDecoder:
+def _decoder(call: _Call, captured: CapturedDecode) -> ChunkedDecoder:
     """The decoder of the pipeline's VAE, with the decode's other arguments (LTX-Video's ``temb``), cut
     to the frames the pipeline keeps of its decode."""
-    decoder = as_decoder(pipe.vae, owner=owner, **captured.decode_kwargs)
-    if plan.keep_frames is None:
+    decoder = as_decoder(call.pipe.vae, owner=call.owner, **captured.decode_kwargs)
+    if call.plan.keep_frames is None:
         return decoder
-    return ProtocolDecoder(FirstFrames(decoder, plan.keep_frames(pipeline_kwargs, pipe), owner=owner))
+    keep = call.plan.keep_frames(call.kwargs, call.pipe)
+    return ProtocolDecoder(FirstFrames(decoder, keep, owner=call.owner))

@@ -22,24 +22,20 @@ hold a decode slot, and with it the accelerator, for as long as it likes. The de
 chunk and its session closes (no container, thread or slot outlives the request).
 """
 
+from streamvae._errors import ReaderStalledError
 from streamvae.server._admission import ServerStats
-from streamvae.server._app import ServerEvent, VideoRequest, create_app
+from streamvae.server._app import create_app
 from streamvae.server._pacing import MediaTimePacer, PacerStatistics
-from streamvae.server._realtime import (
-    Interaction,
-    Interactions,
-    RealtimeGenerator,
-    RealtimePiece,
-    demo_generator,
-)
-from streamvae.server._response import MP4Response, ReaderStalledError
+from streamvae.server._realtime import Interaction, Interactions, RealtimeGenerator, RealtimePiece
+from streamvae.server._response import MP4Response
 from streamvae.server._serve import serve
-from streamvae.server._websocket import LatentGenerator, realtime_video_endpoint
+from streamvae.server._sessions import ServerEvent, VideoRequest
+from streamvae.server._standin import demo_generator
+from streamvae.server._websocket import realtime_video_endpoint
 
 __all__ = [
     "Interaction",
     "Interactions",
-    "LatentGenerator",
     "MP4Response",
     "MediaTimePacer",
     "PacerStatistics",

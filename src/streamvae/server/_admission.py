@@ -4,12 +4,14 @@ At most ``max_concurrent`` requests hold a decode slot and at most ``max_queued`
 first served; a request beyond both is turned away at once (the endpoint answers 503), because a client is
 better off retrying later than holding a connection in a queue it cannot see. The counters of
 :class:`ServerStats` change only here, so ``active + queued`` is always the number of admitted requests
-that have not ended.
+that have not ended. An app's sessions reach them through ``_sessions`` (:class:`AdmittedSession`), which
+adds each session's events and latency.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 import anyio
@@ -50,14 +52,18 @@ class Admission:
     """The slots and the queue of one app; :attr:`stats` counts what they did.
 
     The slots are made by the first :meth:`try_enter`, on the event loop that serves the app (the app may
-    be built outside any loop, or in another one).
+    be built outside any loop, or in another one), as every loop-bound object of the app is: a
+    ``cached_property``.
     """
 
     def __init__(self, *, max_concurrent: int, max_queued: int) -> None:
         self.max_concurrent = max_concurrent
         self.max_queued = max_queued
         self.stats = ServerStats()
-        self._slots: anyio.Semaphore | None = None
+
+    @cached_property
+    def _slots(self) -> anyio.Semaphore:
+        return anyio.Semaphore(self.max_concurrent)  # FIFO: the queue is served in order
 
     def try_enter(self) -> Ticket | None:
         """Queue a request and return its ticket, or None (counted as rejected) when every slot and queue
@@ -65,8 +71,6 @@ class Admission:
         if self.stats.active + self.stats.queued >= self.max_concurrent + self.max_queued:
             self.stats.rejected += 1
             return None
-        if self._slots is None:
-            self._slots = anyio.Semaphore(self.max_concurrent)  # FIFO: the queue is served in order
         self.stats.queued += 1
         return Ticket(self.stats, self._slots)
 

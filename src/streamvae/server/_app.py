@@ -1,28 +1,24 @@
-"""The app: ``GET /`` (the page), ``GET /video.mp4`` (a decode, streamed as it is written), ``GET /stats``.
+"""The app: ``GET /`` (the page), ``GET /video.mp4`` (a decode, streamed as it is written), ``GET /stats``
+and ``WS /v1/realtime/video``, on one :class:`Sessions` (admission, counters, events, latency).
 
-With ``realtime=1`` a generator's pieces reach the decode one at a time (``_realtime``), under the same rules:
-the same path as ``WS /v1/realtime/video``'s sessions, which share the app's slots, counters and latency.
-
-Each request's latency numbers (:class:`streamvae.SessionStatistics`) are logged when it ends (logger
-``streamvae.server``, info) and ``/stats`` summarizes those of the last completed requests.
-
-Every response ends its decode: a client that disconnects (while queued or streaming) cancels it, and so
-does a reader that accepts no bytes for ``stall_timeout`` seconds — otherwise one stalled client would
-hold a decode slot, and with it the accelerator, for as long as it likes. The decode then stops at its next
-chunk and its session closes (no container, thread or slot outlives the request).
+A ``/video.mp4`` query is parsed here (a 400 names a bad value); the request's decode is its
+:class:`MP4Response`'s block. With ``realtime=1`` a generator's pieces reach the decode one at a time
+through :func:`open_realtime`, the WebSocket's path. What must be built on the loop that serves the app
+(the decode limiter, the encode budget; the stand-in and the WebSocket endpoint when first used) is
+built by its first request, each a ``cached_property`` of ``_Videos``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from importlib.resources import files
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from starlette.applications import Starlette
@@ -34,69 +30,39 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from torch import Tensor
 
-from streamvae._checks import check_bool, check_callable, check_fps, check_int, check_limiter, check_seconds
-from streamvae._decode import stream_mp4
+from streamvae._checks import (
+    check_bool,
+    check_callable,
+    check_fps,
+    check_int,
+    check_latents,
+    check_limiter,
+    check_seconds,
+)
+from streamvae._decode import open_decode
 from streamvae._encode import open_containers
+from streamvae._errors import ReaderStalledError
 from streamvae._options import SessionOptions, resolve_option_dict
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
-from streamvae._statistics import SessionStatistics
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
 from streamvae.models import as_decoder
-from streamvae.server._admission import Admission, Outcome, Ticket
-from streamvae.server._latency import LatencyWindow
+from streamvae.server._admission import Outcome
 from streamvae.server._pacing import MediaTimePacer
 from streamvae.server._realtime import (
     Interactions,
+    RealtimeGenerator,
     RealtimePiece,
     call_generator,
-    demo_generator,
-    latent_steps,
     open_realtime,
-    parse_realtime,
 )
-from streamvae.server._response import MP4Response, ReaderStalledError
-from streamvae.server._websocket import Admitted, LatentGenerator, websocket_endpoint
+from streamvae.server._response import MP4Response
+from streamvae.server._sessions import ServerEvent, Sessions, VideoRequest
+from streamvae.server._standin import MAX_DELAY, demo_generator
+from streamvae.server._values import MAX_SEED
+from streamvae.server._websocket import EndpointSettings, pieces_decoder, websocket_endpoint
 
-logger = logging.getLogger("streamvae.server")
-
-
-@dataclass(frozen=True)
-class VideoRequest:
-    """What a client asked for in ``/video.mp4``'s query string."""
-
-    frames: int
-    size: int
-    seed: int
-    #: feed the latent to the decode one latent frame a step, as an autoregressive model would
-    realtime: bool = False
-    #: seconds each real-time step takes (0 … 2)
-    delay: float = 0.0
-    #: real-time mode: ask the generator for its sound too (the stand-in's tone)
-    audio: bool = False
-
-
-EventKind = Literal[
-    "queued", "started", "completed", "stopped", "disconnected", "stalled", "failed", "rejected"
-]
-
-
-@dataclass(frozen=True)
-class ServerEvent:
-    """One step of one request's or WebSocket session's life, for ``on_event`` (metrics, logs, tests).
-
-    ``queued`` → ``started`` (it holds a slot) → exactly one of ``completed``, ``stopped`` (the client's
-    ``session.stop``), ``disconnected``, ``stalled``, ``failed``; or ``rejected`` alone. An ending event is
-    sent once the request's decode has stopped and its session is closed.
-    """
-
-    kind: EventKind
-    #: what ``/video.mp4`` was asked for; None for a WebSocket session
-    request: VideoRequest | None
-    #: the request's number, counted from 1 per app (``/video.mp4`` and WebSocket sessions together)
-    number: int
-    #: the WebSocket session's ``request_id`` (None for ``/video.mp4``)
-    request_id: str | None = None
+__all__ = ["create_app"]
 
 
 def create_app(
@@ -113,7 +79,7 @@ def create_app(
     session_options: dict[str, Any] | None = None,
     encode_limiter: anyio.CapacityLimiter | None = None,
     on_event: Callable[[ServerEvent], None] | None = None,
-    generator: LatentGenerator | None = None,
+    generator: RealtimeGenerator | None = None,
     pace: bool = False,
 ) -> Starlette:
     """The streaming app: ``/`` (page), ``/video.mp4`` (the decode, streamed), ``/stats`` and
@@ -199,15 +165,14 @@ def create_app(
     videos = _Videos(
         vae=vae,
         latents=latents if latents is not None else _demo_latent,
-        max_concurrent=max_concurrent,
-        max_queued=max_queued,
+        sessions=Sessions(
+            max_concurrent=max_concurrent, max_queued=max_queued, retry_after=retry_after, on_event=on_event
+        ),
         stall_timeout=stall_timeout,
-        retry_after=retry_after,
         max_frames=max_frames,
         max_size=max_size,
         options=options,
         encode_limiter=encode_limiter,
-        on_event=on_event,
         pace=pace,
         generator=generator,
     )
@@ -219,34 +184,16 @@ def create_app(
     async def video(request: Request) -> Response:
         return videos.response(request.query_params)
 
-    realtime: list[Callable[[WebSocket], Awaitable[None]]] = []
-
     async def realtime_video(websocket: WebSocket) -> None:
-        if not realtime:  # built on the loop, with the app's session options and decode limiter
-            realtime.append(
-                websocket_endpoint(
-                    vae,
-                    generator=videos.generator,
-                    options=videos.session_options,
-                    decode_limiter=videos.decode_limiter,
-                    pacer=MediaTimePacer if pace else None,
-                    start_timeout=10.0,
-                    stall_timeout=stall_timeout,
-                    max_frames=max_frames,
-                    max_size=max_size,
-                    hooks=videos,
-                    owner=owner,
-                )
-            )
-        await realtime[0](websocket)
+        await videos.realtime(websocket)
 
     async def stats(request: Request) -> Response:
         return JSONResponse(
             {
-                **asdict(videos.admission.stats),
+                **asdict(videos.sessions.admission.stats),
                 "open_containers": open_containers(),
-                "latency": videos.latency.summary(),
-                "control_to_photon_seconds": videos.latency.control_to_photon(),
+                "latency": videos.sessions.latency.summary(),
+                "control_to_photon_seconds": videos.sessions.latency.control_to_photon(),
             }
         )
 
@@ -258,8 +205,8 @@ def create_app(
             WebSocketRoute("/v1/realtime/video", realtime_video),
         ]
     )
-    app.state.stats = videos.admission.stats
-    app.state.latency = videos.latency
+    app.state.stats = videos.sessions.admission.stats
+    app.state.latency = videos.sessions.latency
     return app
 
 
@@ -272,34 +219,76 @@ def _page() -> str:
     return files("streamvae.server").joinpath("page.html").read_text(encoding="utf-8")
 
 
-#: the largest seed ``torch.Generator.manual_seed`` takes
-_MAX_SEED = 2**64 - 1
+# -- the query --
+
 #: ASCII digits only: ``int()`` would also take "1_000", " 5 " and other scripts' digits
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+#: a plain decimal: no sign, exponent, ``nan`` or ``inf`` (which ``float()`` would take)
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
+#: seconds a real-time step takes when the query names no ``delay``
+_DEFAULT_DELAY = 0.1
 
 
 def _query_integer(query: QueryParams, name: str, *, default: int, low: int, high: int) -> int:
     """The query's ``name`` (``default`` without one), or a ValueError (a 400) unless it is an integer
     from ``low`` to ``high``."""
     text = query.get(name, str(default))
-    shown = text if len(text) <= 24 else text[:24] + "…"  # the error echoes no megabyte of query
     if not _INTEGER.fullmatch(text):
-        raise ValueError(f"{name} must be an integer, got {shown!r}")
+        raise ValueError(f"{name} must be an integer, got {_cut(text)!r}")
     # More digits than any limit has is out of range whatever they are (and int() of thousands of digits
     # is slow, then refused).
     value = int(text) if len(text.lstrip("+-0")) <= 24 else high + 1
     if not low <= value <= high:
-        raise ValueError(f"{name} must be at least {low} and at most {high}, got {shown}")
+        raise ValueError(f"{name} must be at least {low} and at most {high}, got {_cut(text)}")
     return value
+
+
+def _query_realtime(query: QueryParams) -> tuple[bool, float]:
+    """``realtime`` (``0`` or ``1``, default 0) and ``delay`` (0 … :data:`MAX_DELAY` seconds), or a
+    ValueError (a 400) naming the value."""
+    realtime = query.get("realtime", "0")
+    if realtime not in ("0", "1"):
+        raise ValueError(f"realtime must be 0 or 1, got {realtime[:24]!r}")
+    text = query.get("delay", str(_DEFAULT_DELAY))
+    if len(text) > 24 or not _DECIMAL.fullmatch(text):
+        raise ValueError(f"delay must be a number of seconds, got {_cut(text)!r}")
+    delay = float(text)
+    if not 0 <= delay <= MAX_DELAY:
+        raise ValueError(f"delay must be at least 0 and at most {MAX_DELAY:g} seconds, got {_cut(text)}")
+    return realtime == "1", delay
+
+
+def _cut(text: str) -> str:
+    """A query value as an error quotes it: the error echoes no megabyte of query."""
+    return text if len(text) <= 24 else text[:24] + "…"
+
+
+# -- the decodes --
 
 
 def _demo_latent(request: VideoRequest) -> Tensor:
     return demo_latent(request.frames, request.size, request.seed)
 
 
+@dataclass(frozen=True)
+class _Served:
+    """What the app builds on the event loop that serves it, at its first request: a limiter built in
+    another loop (a trio test that builds the app, which uvicorn then serves on asyncio) would be that
+    loop's."""
+
+    #: every decode thread (and latent build) of the app: never anyio's default limiter, which the ASGI
+    #: server's own thread pool shares
+    decode_limiter: anyio.CapacityLimiter
+    #: the app's checked options with its encode budget, which every request's session takes: every
+    #: encoder call of every session under one token per core (unless the app was given a budget), so
+    #: concurrent requests share the cores instead of each starting its own encoder threads
+    session_options: SessionOptions
+
+
 class _Videos:
-    """What ``GET /video.mp4`` serves: each request's admission, latent and decode, as the context manager
-    its :class:`MP4Response` enters when it is sent, with the request's events and latency numbers.
+    """What the app's video routes serve: each ``/video.mp4`` request's admission, latent and decode, as
+    the context manager its :class:`MP4Response` enters when it is sent, and the WebSocket endpoint, on
+    the same :class:`Sessions`.
 
     The response owns the HTTP side (the status line with the first fragment, the cut-off on a disconnect
     or a stall); this owns what a request holds — a queue place, then a slot, then a session — from the
@@ -311,80 +300,63 @@ class _Videos:
         *,
         vae: Any,
         latents: Callable[[VideoRequest], Tensor],
-        max_concurrent: int,
-        max_queued: int,
+        sessions: Sessions,
         stall_timeout: float,
-        retry_after: int,
         max_frames: int,
         max_size: int,
         options: SessionOptions,
         encode_limiter: anyio.CapacityLimiter | None,
-        on_event: Callable[[ServerEvent], None] | None,
         pace: bool,
-        generator: LatentGenerator | None,
+        generator: RealtimeGenerator | None,
     ) -> None:
         self.vae = vae
         self.latents = latents
-        self.admission = Admission(max_concurrent=max_concurrent, max_queued=max_queued)
+        self.sessions = sessions
         self.stall_timeout = stall_timeout
         #: whether each response's fragments leave at their media time
         self.pace = pace
-        self.retry_after = retry_after
         self.max_frames = max_frames
         self.max_size = max_size
         self.options = options
-        self.on_event = on_event
-        self.requests = 0
-        self.latency = LatencyWindow()
-        # Made by the first request, on the loop that serves the app (the app may be built in another).
-        self._decode_limiter: anyio.CapacityLimiter | None = None
         self._encode_limiter = encode_limiter
-        self._session_options: SessionOptions | None = None  # made with the encode budget, on the loop
         self._generator = generator
         #: real-time mode steps through ``latents=`` (a user's) when no generator was given
         self._steps_latents = generator is None and latents is not _demo_latent
 
-    @property
-    def decode_limiter(self) -> anyio.CapacityLimiter:
-        """Every decode thread (and latent build) of the app: never anyio's default limiter, which the
-        ASGI server's own thread pool shares."""
-        if self._decode_limiter is None:
-            self._decode_limiter = anyio.CapacityLimiter(self.admission.max_concurrent)
-        return self._decode_limiter
+    @cached_property
+    def served(self) -> _Served:
+        """The app's loop-bound objects, made by the first request on the loop that serves the app."""
+        decode_limiter = anyio.CapacityLimiter(self.sessions.admission.max_concurrent)
+        budget = self._encode_limiter or anyio.CapacityLimiter(os.cpu_count() or 1)
+        return _Served(decode_limiter, dataclasses.replace(self.options, encode_limiter=budget))
 
-    @property
-    def session_options(self) -> SessionOptions:
-        """The app's checked options with its encode budget, which every request's session takes: every
-        encoder call of every session under one token per core (unless the app was given a budget), so
-        concurrent requests share the cores instead of each starting its own encoder threads."""
-        if self._session_options is None:
-            budget = self._encode_limiter or anyio.CapacityLimiter(os.cpu_count() or 1)
-            self._session_options = dataclasses.replace(self.options, encode_limiter=budget)
-        return self._session_options
+    @cached_property
+    def generator(self) -> RealtimeGenerator:
+        """The app's real-time model: ``generator=``, or the stand-in (made by the first request that
+        needs it, on the loop, under the app's decode limiter)."""
+        if self._generator is not None:
+            return self._generator
+        return demo_generator(
+            max_frames=self.max_frames,
+            max_size=self.max_size,
+            limiter=self.served.decode_limiter,
+            fps=self.options.fps,
+        )
 
-    @property
-    def generator(self) -> LatentGenerator:
-        """The app's real-time model: ``generator=``, or the stand-in (made on the loop, under the app's
-        decode limiter)."""
-        if self._generator is None:
-            self._generator = demo_generator(
-                max_frames=self.max_frames,
-                max_size=self.max_size,
-                limiter=self.decode_limiter,
-                fps=self.options.fps,
-            )
-        return self._generator
-
-    def enter(self, request_id: str) -> Admitted | None:
-        """A WebSocket session's admission (see :class:`streamvae.server._websocket.SessionHooks`)."""
-        self.requests += 1
-        number = self.requests
-        ticket = self.admission.try_enter()
-        if ticket is None:
-            self._emit("rejected", None, number, request_id)
-            return None
-        self._emit("queued", None, number, request_id)
-        return _Session(self, ticket, number, request_id)
+    @cached_property
+    def realtime(self) -> Callable[[WebSocket], Awaitable[None]]:
+        """``WS /v1/realtime/video``, on the app's sessions and loop-bound objects: made by its first
+        connection (it checks the VAE decodes pieces, which ``/video.mp4`` does not need)."""
+        settings = EndpointSettings(
+            pieces_decoder(self.vae, owner="create_app"),
+            self.generator,
+            self.served.session_options,
+            self.served.decode_limiter,
+            start_timeout=10.0,
+            stall_timeout=self.stall_timeout,
+            sessions=self.sessions,
+        )
+        return websocket_endpoint(settings, MediaTimePacer if self.pace else None)
 
     def response(self, query: QueryParams) -> Response:
         """The response to a ``/video.mp4`` query: a 400 naming a bad value, else the streamed video."""
@@ -404,8 +376,8 @@ class _Videos:
         fails later, in the latent builder or the session, would be a 500 for the client's mistake."""
         frames = _query_integer(query, "frames", default=33, low=1, high=self.max_frames)
         size = _query_integer(query, "size", default=128, low=1, high=self.max_size)
-        seed = _query_integer(query, "seed", default=0, low=0, high=_MAX_SEED)
-        realtime, delay = parse_realtime(query)
+        seed = _query_integer(query, "seed", default=0, low=0, high=MAX_SEED)
+        realtime, delay = _query_realtime(query)
         audio = query.get("audio", "0")
         if audio not in ("0", "1"):
             raise ValueError(f"audio must be 0 or 1, got {audio[:24]!r}")
@@ -426,23 +398,18 @@ class _Videos:
         """One request's life, entered when its response is sent: a 503 (an ``HTTPException`` the
         response answers) when every slot and queue place is taken, else a queue place, a slot, the
         latent and the decode, each given back when the response ends, however it ends."""
-        self.requests += 1
-        number = self.requests
-        ticket = self.admission.try_enter()
-        if ticket is None:
-            self._emit("rejected", request, number)
+        admitted = self.sessions.enter(request)
+        if admitted is None:
             raise HTTPException(
                 503,
                 "busy: every decode slot and queue place is taken, retry later",
-                headers={"Retry-After": str(self.retry_after)},
+                headers={"Retry-After": str(self.sessions.retry_after)},
             )
-        self._emit("queued", request, number)
         outcome: Outcome = "disconnected"  # a cancellation: the response saw the client go
-        sessions: list[ChunkedVideoMP4Session] = []
+        session: ChunkedVideoMP4Session | None = None
         try:
-            await ticket.start()
-            self._emit("started", request, number)
-            async with self._decode(request, sessions.append) as stream:
+            await admitted.start()
+            async with self._decode(request) as (session, stream):
                 yield stream
             outcome = "completed"  # every byte was sent: the response ends once its session is closed
         except ReaderStalledError:
@@ -452,33 +419,31 @@ class _Videos:
             outcome = "failed"
             raise
         finally:
-            ticket.end(outcome)
-            self.latency.record(number, request, outcome, sessions[0].statistics() if sessions else None)
-            self._emit(outcome, request, number)
+            admitted.end(outcome, session.statistics() if session is not None else None)
 
     @asynccontextmanager
     async def _decode(
-        self, request: VideoRequest, on_session: Callable[[ChunkedVideoMP4Session], None]
-    ) -> AsyncIterator[MP4ByteStream]:
-        """The request's MP4: its latent decoded whole, or (real-time) the generator's pieces one at a
-        time, on the WebSocket's path."""
+        self, request: VideoRequest
+    ) -> AsyncIterator[tuple[ChunkedVideoMP4Session, MP4ByteStream]]:
+        """The request's session and MP4: its latent decoded whole, or (real-time) the generator's pieces
+        one at a time, on the WebSocket's path."""
+        served = self.served
         if not request.realtime:
-            latent = [await anyio.to_thread.run_sync(self.latents, request, limiter=self.decode_limiter)]
-            videos = stream_mp4(
+            latent = [await anyio.to_thread.run_sync(self.latents, request, limiter=served.decode_limiter)]
+            decode = open_decode(
                 self.vae,
                 latent.pop(),  # taken out, so the decode alone keeps it alive
-                decode_limiter=self.decode_limiter,
-                on_session=on_session,
-                options=self.session_options,
+                decode_limiter=served.decode_limiter,
+                options=served.session_options,
             )
-            async with videos as (stream,):
-                yield stream
+            async with decode as (session, (stream,)):
+                yield session, stream
             return
         steps: AsyncIterator[Tensor | RealtimePiece]
         if self._steps_latents:
-            steps = latent_steps(lambda: self.latents(request), request.delay, self.decode_limiter)
+            steps = _latent_steps(lambda: self.latents(request), request.delay, served.decode_limiter)
         else:
-            start = {
+            start: dict[str, Any] = {
                 "num_frames": request.frames,
                 "width": request.size,
                 "height": request.size,
@@ -490,45 +455,30 @@ class _Videos:
             interactions = Interactions()
             interactions.close()  # HTTP carries no interactions
             steps = call_generator(self.generator, start, interactions, owner="create_app")
-        try:
-            async with open_realtime(
-                self.vae,
-                steps,
-                options=self.session_options,
-                decode_limiter=self.decode_limiter,
-                owner="create_app",
-                on_session=on_session,
-            ) as run:
-                yield run.video
-        finally:
-            close = getattr(steps, "aclose", None)
-            if close is not None:
-                with anyio.CancelScope(shield=True):
-                    await close()
-
-    def _emit(
-        self, kind: EventKind, request: VideoRequest | None, number: int, request_id: str | None = None
-    ) -> None:
-        if self.on_event is not None:
-            self.on_event(ServerEvent(kind, request, number, request_id))
+        async with open_realtime(
+            self.vae,
+            steps,
+            options=served.session_options,
+            decode_limiter=served.decode_limiter,
+            owner="create_app",
+        ) as run:
+            yield run.session, run.video
 
 
-class _Session:
-    """One WebSocket session as the app counts it: its ticket, events and latency."""
-
-    def __init__(self, videos: _Videos, ticket: Ticket, number: int, request_id: str) -> None:
-        self._videos = videos
-        self._ticket = ticket
-        self._number = number
-        self._request_id = request_id
-
-    async def start(self) -> None:
-        await self._ticket.start()
-        self._videos._emit("started", None, self._number, self._request_id)
-
-    def end(
-        self, outcome: Outcome, statistics: SessionStatistics | None, control_to_photon: list[float]
-    ) -> None:
-        self._ticket.end(outcome)
-        self._videos.latency.record(self._number, self._request_id, outcome, statistics, control_to_photon)
-        self._videos._emit(outcome, None, self._number, self._request_id)
+async def _latent_steps(
+    build: Callable[[], Tensor], delay: float, limiter: anyio.CapacityLimiter
+) -> AsyncIterator[Tensor]:
+    """A user's whole latent (``build()``, run in a worker thread) as a generator's pieces: one latent
+    frame a step, ``delay`` seconds apart (``create_app(latents=...)`` in real-time mode)."""
+    z = await anyio.to_thread.run_sync(build, limiter=limiter)
+    # Checked as a latent first: a 4-D one would read as a batch.
+    check_latents(z, None, owner="create_app", name="the latent of latents=")
+    if z.shape[0] != 1:
+        raise ValueError(
+            f"create_app: the latent of latents= must be of batch 1 in real-time mode (realtime=1), "
+            f"got shape {tuple(z.shape)}"
+        )
+    for step in range(z.shape[2]):
+        if step and delay:
+            await anyio.sleep(delay)
+        yield z[:, :, step : step + 1]

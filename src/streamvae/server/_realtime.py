@@ -13,59 +13,45 @@ Each piece is decoded while the generator makes the next one. A generator that t
 
 A generator may have a ``check_interaction(interaction)`` method. The server calls it before it queues an
 interaction, and a ValueError it raises is the client's ``interaction_failed`` error. That is how an
-interaction the generator cannot apply gets its one answer before the generator sees it.
+interaction the generator cannot apply gets its one answer before the generator sees it. Any other
+exception it raises is a bug in the generator, not the client's: the session fails (``generation_failed``).
+
+The stand-in model is in ``_standin``; the transports are ``_app`` and ``_websocket``.
 """
 
 from __future__ import annotations
 
 import bisect
-import hashlib
+import dataclasses
 import inspect
 import math
-import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any, Protocol
 
 import anyio
 import numpy as np
-import torch
-from starlette.datastructures import QueryParams
 from torch import Tensor
 
-from streamvae._checks import check_latents, check_limiter
+from streamvae._checks import check_latents, is_int
 from streamvae._fragments import MP4Piece
 from streamvae._latent_stream import LatentStream, open_latent_stream
 from streamvae._options import SessionOptions
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae._sinks import MP4ByteStream
-from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent
 
 __all__ = [
-    "MAX_DELAY",
     "Interaction",
     "Interactions",
     "RealtimeGenerator",
     "RealtimePiece",
     "RealtimeRun",
     "SentPiece",
-    "demo_generator",
+    "call_generator",
     "open_realtime",
-    "parse_realtime",
+    "takes_interactions",
 ]
-
-#: seconds a stand-in step may take at most: a longer one is a slow client's way to hold a slot
-MAX_DELAY = 2.0
-#: seconds a step takes when the query names no ``delay``
-DEFAULT_DELAY = 0.1
-#: a plain decimal: no sign, exponent, ``nan`` or ``inf`` (which ``float()`` would take)
-_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?|\.[0-9]+")
-#: the largest seed ``torch.Generator.manual_seed`` takes
-_MAX_SEED = 2**64 - 1
-#: the stand-in's soundtrack
-DEMO_SAMPLE_RATE = 48_000
 
 
 # -- interactions --
@@ -251,7 +237,6 @@ async def open_realtime(
     options: SessionOptions,
     decode_limiter: anyio.CapacityLimiter,
     owner: str,
-    on_session: Callable[[ChunkedVideoMP4Session], None] | None = None,
 ) -> AsyncIterator[RealtimeRun]:
     """The fragmented MP4 of a generator's pieces, each decoded as it comes (``options`` must write
     fragmented MP4).
@@ -259,19 +244,17 @@ async def open_realtime(
     The first piece is awaited before the session opens: whether it carries sound decides the session's
     audio track. The feed is the session's producer, so its error (the generator's, a bad piece's, the
     decode's) reaches the stream unwrapped. Leaving the block early stops the feed and aborts the stream.
+    ``steps`` is closed when the block ends, however it ends, even when cancelled.
     """
-    first = _checked_piece(await _first_piece(steps), 0, None, owner)
-    if first.audio is not None:
-        assert first.sample_rate is not None
-        options = _with_live_audio(options, first.sample_rate, first.audio.shape[0])
-    async with open_latent_stream(vae, decode_limiter=decode_limiter, options=options) as stream:
-        if on_session is not None:
-            on_session(stream.session)
-        run = RealtimeRun(stream, stream.open_stream(0))
-        feed_scope = anyio.CancelScope()
+    try:
+        first = _checked_piece(await _first_piece(steps), 0, None, owner)
+        if first.audio is not None:
+            assert first.sample_rate is not None
+            options = _with_live_audio(options, first.sample_rate, first.audio.shape[0])
+        async with open_latent_stream(vae, decode_limiter=decode_limiter, options=options) as stream:
+            run = RealtimeRun(stream, stream.open_stream(0))
 
-        async def feed() -> None:
-            with feed_scope:
+            async def feed() -> None:
                 piece, index = first, 0
                 while True:
                     run.steps.append(_Step(tuple(piece.started), tuple(piece.completed)))
@@ -290,12 +273,13 @@ async def open_realtime(
                     piece = _checked_piece(following, index, first, owner)
                 await stream.finish()
 
-        stream.session.start_producer(feed)
-        try:
-            yield run
-        finally:
-            feed_scope.cancel()  # a no-op once the feed is done; stops it if the reader left early
-            await run.video.aclose()
+            async with stream.session.producing(feed, [run.video]):
+                yield run
+    finally:
+        close = getattr(steps, "aclose", None)  # its ``finally`` runs now, not at garbage collection
+        if close is not None:
+            with anyio.CancelScope(shield=True):
+                await close()
 
 
 async def _first_piece(steps: AsyncIterator[Tensor | RealtimePiece]) -> object:
@@ -333,7 +317,7 @@ def _checked_piece(piece: object, index: int, first: RealtimePiece | None, owner
     if audio.ndim == 1:
         audio = audio[None]
     rate = piece.sample_rate
-    if isinstance(rate, bool) or not isinstance(rate, int) or rate < 1:
+    if not is_int(rate) or rate < 1:
         raise ValueError(f"{owner}: {name}: sample_rate must be a positive int with audio, got {rate!r}")
     if first is not None:
         assert first.audio is not None
@@ -346,250 +330,6 @@ def _checked_piece(piece: object, index: int, first: RealtimePiece | None, owner
 
 
 def _with_live_audio(options: SessionOptions, sample_rate: int, channels: int) -> SessionOptions:
-    import dataclasses
-
     if options.audio_waveforms is not None:
         raise ValueError("the session options give audio_waveforms, but the generator makes its own sound")
     return dataclasses.replace(options, audio_sample_rate=sample_rate, audio_channels=channels)
-
-
-# -- the stand-in --
-
-
-def seed_of_prompt(prompt: str) -> int:
-    """The stand-in's seed for a prompt: the first 8 bytes of its UTF-8 SHA-256 (stable across runs)."""
-    return int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big")
-
-
-def tone_hz(seed: int) -> float:
-    """The pitch of the stand-in's tone for ``seed``: one of 24 semitones from 220 Hz."""
-    return float(220.0 * 2.0 ** ((seed % 24) / 12))
-
-
-class demo_generator:  # a function to its callers (it was one): a class for check_interaction
-    """The stand-in model: :func:`streamvae.demo.demo_latent` of the request, one latent frame a step,
-    steered by the client's interactions.
-
-    It reads from the start message:
-
-    - ``num_frames``: 1 + 4k, at most ``max_frames``; default 33.
-    - ``width`` and ``height``: multiples of 16, at most ``max_size``; default 128.
-    - ``seed``: 0 … 2**64 − 1; default 0.
-    - ``step_seconds``: 0 … 2 (a number); default 0. The wait between the pieces it generates, so that an
-      interaction meets pieces still to come.
-    - ``audio``: a boolean; default false. With true it makes a soundtrack: a tone whose pitch follows the
-      seed, at 48 kHz mono, as long as the video.
-
-    Any other value is a ValueError naming it (an ``error`` to the client). The latents are built in a
-    worker thread under ``limiter`` (default anyio's own), and decode to ``num_frames`` frames of ``width``
-    × ``height`` with :func:`streamvae.demo.demo_vae`.
-
-    An interaction whose event has a ``prompt`` (a string; or a ``seed``, an integer) reseeds the latent
-    from the next piece, to ``seed_of_prompt(prompt)``. With ``transition_chunks`` n it blends from the
-    old latent to the new over n + 1 pieces: the event is started at the first and completed at the last.
-    The pieces before are those of the same session without the interaction. An event with neither is
-    refused by :meth:`check_interaction` (the client's ``interaction_failed``).
-    """
-
-    def __init__(
-        self,
-        *,
-        max_frames: int = 257,
-        max_size: int = 512,
-        limiter: anyio.CapacityLimiter | None = None,
-        fps: float | Fraction = DEMO_FPS,
-    ) -> None:
-        from streamvae._checks import check_fps, check_int
-
-        check_int("max_frames", max_frames, minimum=1, owner="demo_generator")
-        check_int("max_size", max_size, minimum=16, owner="demo_generator")
-        self.max_frames = max_frames
-        self.max_size = max_size
-        self.limiter = check_limiter("limiter", limiter, owner="demo_generator")
-        self.fps = check_fps(fps, owner="demo_generator")
-
-    def __call__(
-        self, start: dict[str, Any], interactions: Interactions | None = None
-    ) -> AsyncIterator[RealtimePiece]:
-        frames = _start_integer(start, "num_frames", default=33, low=1, high=self.max_frames)
-        width = _start_integer(start, "width", default=128, low=16, high=self.max_size)
-        height = _start_integer(start, "height", default=128, low=16, high=self.max_size)
-        seed = _start_integer(start, "seed", default=0, low=0, high=_MAX_SEED)
-        step_seconds = _start_number(start, "step_seconds", default=0.0, low=0.0, high=MAX_DELAY)
-        audio = start.get("audio", False)
-        if not isinstance(audio, bool):
-            raise ValueError(f"session.start: audio must be true or false, got {_shown(audio)}")
-        # The demo's own rules (1 + 4k frames, sides a multiple of 16), one field at a time to name it.
-        for name, request in (("num_frames", (frames, 16)), ("width", (1, width)), ("height", (1, height))):
-            try:
-                check_demo_request(*request)
-            except ValueError as error:
-                raise ValueError(f"session.start: {name}: {error}") from None
-        return _StandIn(self, frames, width, height, seed, step_seconds, audio).steps(
-            interactions if interactions is not None else Interactions()
-        )
-
-    def check_interaction(self, interaction: Interaction) -> None:
-        """A ValueError unless the stand-in can apply ``interaction``: a ``prompt`` or a ``seed``."""
-        event = interaction.event
-        prompt, seed = event.get("prompt"), event.get("seed")
-        if prompt is None and seed is None:
-            raise ValueError("the stand-in applies an event with a prompt (a string) or a seed (an integer)")
-        if prompt is not None and not isinstance(prompt, str):
-            raise ValueError(f"event.prompt must be a string, got {_shown(prompt)}")
-        if seed is not None and (
-            isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED
-        ):
-            raise ValueError(f"event.seed must be an integer from 0 to {_MAX_SEED}, got {_shown(seed)}")
-
-
-class _StandIn:
-    """One session of the stand-in: its latents (the old and the new while a transition runs) and tone."""
-
-    def __init__(
-        self,
-        model: demo_generator,
-        frames: int,
-        width: int,
-        height: int,
-        seed: int,
-        step_seconds: float,
-        audio: bool,
-    ) -> None:
-        self.model = model
-        self.frames, self.width, self.height = frames, width, height
-        self.seed = seed
-        self.step_seconds = step_seconds
-        self.audio = audio
-        self._phase = 0.0  # the tone's phase at the end of the last piece (continuous across pieces)
-        self._samples = 0  # samples made so far
-        self._frames = 0  # video frames those samples last
-
-    async def _latent(self, seed: int) -> Tensor:
-        def build() -> Tensor:
-            side = demo_latent(self.frames, max(self.width, self.height), seed)
-            return side[..., : self.height // 8, : self.width // 8].contiguous()
-
-        return await anyio.to_thread.run_sync(build, limiter=self.model.limiter)
-
-    async def steps(self, interactions: Interactions) -> AsyncIterator[RealtimePiece]:
-        old = await self._latent(self.seed)
-        new: Tensor | None = None  # the latent a transition goes to
-        blend = 1.0  # how far the transition has gone: 1 = at ``new``
-        transition: tuple[list[str], int, int] | None = None  # (event ids, first step, pieces)
-        tone_seed = self.seed
-        for step in range(old.shape[2]):
-            if step and self.step_seconds:
-                await anyio.sleep(self.step_seconds)
-            started: list[str] = []
-            completed: list[str] = []
-            arrived = [i for i in interactions.take() if "prompt" in i.event or "seed" in i.event]
-            if arrived:
-                if transition is not None:  # a new target supersedes the one on its way
-                    completed += transition[0]
-                if new is not None:
-                    old = old * (1 - blend) + new * blend
-                last = arrived[-1].event
-                seed = seed_of_prompt(last["prompt"]) if "prompt" in last else int(last["seed"])
-                new, tone_seed = await self._latent(seed), seed
-                ids = [i.event_id for i in arrived]
-                started += ids
-                transition = (ids, step, arrived[-1].transition_chunks)
-            if transition is not None and new is not None:
-                ids, first, pieces = transition
-                blend = min(1.0, (step - first + 1) / (pieces + 1))
-                z = old[:, :, step : step + 1] * (1 - blend) + new[:, :, step : step + 1] * blend
-                if blend >= 1.0:
-                    completed += ids
-                    old, new, transition = new, None, None
-            else:
-                z = old[:, :, step : step + 1]
-            yield RealtimePiece(
-                z.contiguous(),
-                self._tone(1 if step == 0 else 4, tone_seed) if self.audio else None,
-                DEMO_SAMPLE_RATE if self.audio else None,
-                started,
-                completed,
-            )
-
-    def _tone(self, frames: int, seed: int) -> Tensor:
-        """The next ``frames`` video frames' worth of the tone, its phase carried on (no click)."""
-        self._frames += frames
-        until = int(Fraction(self._frames) / self.model.fps * DEMO_SAMPLE_RATE)
-        count = until - self._samples
-        self._samples = until
-        step = 2 * math.pi * tone_hz(seed) / DEMO_SAMPLE_RATE
-        phases = self._phase + step * torch.arange(1, count + 1, dtype=torch.float64)
-        self._phase = float(phases[-1]) % (2 * math.pi) if count else self._phase
-        return (0.25 * torch.sin(phases - step)).to(torch.float32)[None]
-
-
-def _start_integer(start: Mapping[str, Any], name: str, *, default: int, low: int, high: int) -> int:
-    """``start[name]`` (``default`` without one), or a ValueError unless it is an integer from ``low`` to
-    ``high``. JSON's integers only: ``9.0``, ``"9"`` and ``true`` are refused, not converted."""
-    value = start.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ValueError(
-            f"session.start: {name} must be an integer from {low} to {high}, got {_shown(value)}"
-        )
-    return value
-
-
-def _start_number(start: Mapping[str, Any], name: str, *, default: float, low: float, high: float) -> float:
-    """``start[name]`` (``default`` without one), or a ValueError unless it is a number from ``low`` to
-    ``high`` (JSON's numbers: not a string or a boolean)."""
-    value = start.get(name, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not low <= value <= high
-    ):
-        raise ValueError(
-            f"session.start: {name} must be a number from {low:g} to {high:g}, got {_shown(value)}"
-        )
-    return float(value)
-
-
-def _shown(value: object) -> str:
-    """``value`` as an error message quotes it: a client's megabyte is not echoed back."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:40] + "…"
-
-
-# -- HTTP's real-time mode --
-
-
-def parse_realtime(query: QueryParams) -> tuple[bool, float]:
-    """``realtime`` (``0`` or ``1``, default 0) and ``delay`` (0 … :data:`MAX_DELAY` seconds), or a
-    ValueError (a 400) naming the value."""
-    realtime = query.get("realtime", "0")
-    if realtime not in ("0", "1"):
-        raise ValueError(f"realtime must be 0 or 1, got {realtime[:24]!r}")
-    text = query.get("delay", str(DEFAULT_DELAY))
-    shown = text if len(text) <= 24 else text[:24] + "…"
-    if len(text) > 24 or not _DECIMAL.fullmatch(text):
-        raise ValueError(f"delay must be a number of seconds, got {shown!r}")
-    delay = float(text)
-    if not 0 <= delay <= MAX_DELAY:
-        raise ValueError(f"delay must be at least 0 and at most {MAX_DELAY:g} seconds, got {shown}")
-    return realtime == "1", delay
-
-
-async def latent_steps(
-    build: Callable[[], Tensor], delay: float, limiter: anyio.CapacityLimiter
-) -> AsyncIterator[Tensor]:
-    """A user's whole latent (``build()``, run in a worker thread) as a generator's pieces: one latent
-    frame a step, ``delay`` seconds apart (``create_app(latents=...)`` in real-time mode)."""
-    z = await anyio.to_thread.run_sync(build, limiter=limiter)
-    # Checked as a latent first: a 4-D one would read as a batch.
-    check_latents(z, None, owner="create_app", name="the latent of latents=")
-    if z.shape[0] != 1:
-        raise ValueError(
-            f"create_app: the latent of latents= must be of batch 1 in real-time mode (realtime=1), "
-            f"got shape {tuple(z.shape)}"
-        )
-    for step in range(z.shape[2]):
-        if step and delay:
-            await anyio.sleep(delay)
-        yield z[:, :, step : step + 1]

@@ -28,22 +28,13 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import Message, Receive, Scope, Send
 
 from streamvae._checks import check_int, check_seconds
-from streamvae._errors import StreamVAEError
+from streamvae._errors import ReaderStalledError
 from streamvae._sinks import MP4ByteStream, read_entries
 from streamvae.server._pacing import MediaTimePacer
 
-__all__ = ["MP4Response", "ReaderStalledError"]
+__all__ = ["MP4Response"]
 
 logger = logging.getLogger("streamvae.server")
-
-
-class ReaderStalledError(StreamVAEError, TimeoutError):
-    """The reader accepted nothing for ``stall_timeout`` seconds: raised into the decode's block to end it.
-
-    :class:`MP4Response` and the app's routes catch it themselves (the response ends quietly, incomplete,
-    with a warning logged); a block of your own around :func:`streamvae.open_latent_stream` sees it pass
-    through, as the cancellation of a client gone, and can tell the two apart.
-    """
 
 
 class MP4Response(Response):

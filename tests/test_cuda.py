@@ -1,19 +1,15 @@
-"""GPU smoke: what the CPU tests cannot check, in one process, in about a minute on one GPU.
+"""What the CPU tests cannot check: CUDA streams, ready events, the caching allocator and host
+synchronizations, through the session, the decode, the sharded decoder and ``stream_mp4``.
 
-    python bench/gpu_smoke.py                  # every check
-    python bench/gpu_smoke.py --list           # the check names, one a line
-    python bench/gpu_smoke.py --only syncs.    # the checks whose name starts with a prefix (repeatable)
+Every test here is marked ``cuda``; ``bench/gpu_check.sh`` runs them (``pytest -m cuda``) on a lent GPU.
+Without a device each one still runs its logic on the CPU (streams, events and sync counting do nothing
+there), so the suite is known to work before a GPU is lent; only the controls skip, since they show a loss
+that only a device can cause. Each test prints its numbers (``pytest -rA`` shows them).
 
-Every check prints one line: OK or MISMATCH with its numbers, FAIL with the exception (its traceback
-indented below), or SKIP with the reason. A failing check never stops the next; the exit status is 1 if any
-check did not pass, and a summary table comes last. Without CUDA every check still runs its logic on the CPU
-(streams, events and sync counting do nothing there) and reports SKIP when that dry run passed, so the
-script is known to work before a GPU is lent: tests/test_gpu_smoke.py runs it in CI.
-
-- ``chunks.<schedule>.<pixel format>``: CUDA chunks through ``ChunkedVideoMP4Session`` against the same
-  chunks pushed on the CPU, compared as the uint8 frames each ``EntryEncoder.encode`` call receives: exact
-  for rgb24 and for yuv420p's Y plane, chroma within 1 level (the 2×2 mean may sum in another order). Each
-  schedule runs on asyncio and trio with the ring, and with ``transfer_slots=0``.
+- ``test_chunks_*``: CUDA chunks through ``ChunkedVideoMP4Session`` against the same chunks pushed on the CPU,
+  compared as the uint8 frames each ``EntryEncoder.encode`` call receives: exact for rgb24 and for yuv420p's
+  Y plane, chroma within 1 level (the 2×2 mean may sum in another order). Each schedule runs with the ring
+  and with ``transfer_slots=0``.
   ``late_producer``: each chunk is written on the producer's own stream after a long ``_sleep`` and pushed
   at once, unsynchronized: only the ready event recorded at push orders the quantize after the write.
   ``reused_memory``: the quantize waits for a ready event recorded behind a long spell on the pushing
@@ -24,44 +20,39 @@ script is known to work before a GPU is lent: tests/test_gpu_smoke.py runs it in
   ``finish()``, with a last group short of ``batch_frames``.
   The first two also run a control without the safeguard (event on the default stream; ``record_stream``
   made a no-op): a control that matches means the schedule was too gentle to catch its loss.
-- ``syncs.*``: host synchronizations (``torch.cuda.set_sync_debug_mode("warn")``) during ``decode_to_mp4``
-  of a tiny Wan VAE (latent on the device, and on the host), and during a one-rank NCCL
+- ``test_syncs_*``: host synchronizations (``torch.cuda.set_sync_debug_mode("warn")``) during
+  ``decode_to_mp4`` of a tiny Wan VAE (latent on the device, and on the host), and during a one-rank NCCL
   ``ShardedWanDecoder`` decode, by file:line and thread. None may run on the event loop thread. A hook on
   ``warnings.showwarning`` records them in whichever thread warns (a self-test warns once on the loop and
   once in a worker thread, to show both are seen).
-- ``sharded.stream``: a one-rank sharded stream of latent pieces (NCCL on CUDA) writes the frames of the
-  single process's ``decode_to_mp4`` of the whole latent, with no host synchronization on the loop thread.
-- ``wan.untiled_equal``: chunks concatenated ``torch.equal`` to ``vae.decode`` on the device (Wan 2.1, 2.2).
-  ``wan.tiled``: the same with ``enable_tiling`` on a latent of 2×3 tiles; the maximum difference is
-  reported (cuDNN may pick other algorithms), within 1 uint8 level passes.
-- ``stream_mp4.leave_early``: a client that leaves after the first bytes leaves no open container and no
-  CUDA memory allocated behind it (two runs after a warm-up: a leak grows, a one-off cache does not).
+- ``test_sharded_stream_*``: a one-rank sharded stream of latent pieces (NCCL on CUDA) writes the frames of
+  the single process's ``decode_to_mp4`` of the whole latent, with no host synchronization on the loop.
+- ``test_wan_*``: chunks concatenated ``torch.equal`` to ``vae.decode`` on the device (Wan 2.1, 2.2); with
+  ``enable_tiling`` on a latent of 2×3 tiles the maximum difference is reported (cuDNN may pick other
+  algorithms), within 1 uint8 level passes.
+- ``test_stream_mp4_*``: a client that leaves after the first bytes leaves no open container and no CUDA
+  memory allocated behind it (two runs after a warm-up: a leak grows, a one-off cache does not).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import functools
 import gc
-import math
 import os
-import platform
-import sys
 import threading
 import time
-import traceback
 import warnings
 import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import numpy as np
+import pytest
 import torch
 from torch import Tensor, nn
 
@@ -69,39 +60,38 @@ from streamvae import ChunkedVideoMP4Session, decode_to_mp4, quantize_chunk, str
 from streamvae._codec_options import auto_video_codec
 from streamvae._encode import EntryEncoder
 from streamvae.models import chunked_decoder
-from streamvae.testing import TINY_VAE_CONFIGS, enable_small_tiling, open_containers
+from streamvae.testing import enable_small_tiling, open_containers
+from tests import _vaes
+from tests._media import DETERMINISTIC_X264, read_mp4
+
+pytestmark = [pytest.mark.cuda, pytest.mark.anyio]
 
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda", 0) if CUDA else torch.device("cpu")
-try:
-    import trio  # noqa: F401
-
-    BACKENDS = ["asyncio", "trio"]
-except ImportError:
-    BACKENDS = ["asyncio"]
+needs_cuda = pytest.mark.skipif(
+    not CUDA, reason="needs CUDA: only a device can lose what the control removes"
+)
 
 FPS = 16
 FAST = {"preset": "ultrafast", "threads": "1"}  # the encode is not what is checked here
-TIMEOUT_S = 120  # a hung session fails its check instead of the whole smoke
+TIMEOUT_S = 120  # a hung session fails its test instead of waiting for the hang guard
 SLEEP_MS = 25  # how long a delayed stream spins before its work
 GATE_MS = 150  # how long a ready event waits behind a busy stream (longer than the pipeline's host steps)
 GARBAGE = 0.3  # what a reader that does not wait for the producer's write would see
 HEIGHT, WIDTH, BATCH = 96, 128, 2
 CHUNK_FRAMES = (1, 4, 4, 4, 4)  # Wan-like: 17 frames, not a multiple of 2 or 4
 SYNC_WARNING = "synchronizing CUDA operation"
-MARKER = "gpu_smoke capture self-test"
+MARKER = "cuda test capture self-test"
+T = TypeVar("T")
 
 
-class Skip(Exception):
-    """The check cannot run here; the message says why."""
-
-
-@dataclass
-class Result:
-    name: str
-    outcome: str  # OK, MISMATCH, FAIL or SKIP
-    numbers: str
-    seconds: float
+@pytest.fixture(autouse=True)
+def quiet_device() -> Iterator[None]:
+    """Each test leaves a quiet device: the next one's memory and timings are its own (nothing on a CPU)."""
+    yield
+    if CUDA:
+        with contextlib.suppress(Exception):  # a device error is the failing test's, not the next one's
+            settle()
 
 
 # ------------------------------------------------------------------------------------------ device helpers
@@ -146,7 +136,7 @@ def still_pending(event: Any) -> bool:
 
 
 def settle() -> None:
-    """Wait for the device, collect garbage and drop cuBLAS workspaces, so allocated memory is only tensors."""
+    """Wait for the device, collect garbage and drop cuBLAS workspaces: allocated memory is only tensors."""
     gc.collect()
     if CUDA:
         torch.cuda.synchronize()
@@ -159,45 +149,13 @@ def allocated() -> int:
     return torch.cuda.memory_allocated(DEVICE) if CUDA else 0
 
 
-# ------------------------------------------------------------------- tiny VAEs (the configs of tests/_vaes.py)
+def tiny_wan(version: str) -> nn.Module:
+    return (_vaes.tiny_wan21() if version == "2.1" else _vaes.tiny_wan22()).to(DEVICE)
 
 
-def _randomize(vae: nn.Module, seed: int) -> None:
-    """Re-draw every parameter, scaled by fan-in: outputs span the value range and a share hits the clamp."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in vae.named_parameters():
-            if name.endswith("gamma"):
-                param.copy_(torch.rand(param.shape, generator=generator) + 0.5)
-            elif param.ndim > 1:
-                param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(param[0].numel()))
-            else:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-
-
-def tiny_wan21(seed: int = 1) -> nn.Module:
-    from diffusers import AutoencoderKLWan
-
-    torch.manual_seed(seed)
-    vae = AutoencoderKLWan(**TINY_VAE_CONFIGS["wan21"])
-    _randomize(vae, seed)
-    return vae.eval().to(DEVICE)
-
-
-def tiny_wan22(seed: int = 2) -> nn.Module:
-    from diffusers import AutoencoderKLWan
-
-    torch.manual_seed(seed)
-    vae = AutoencoderKLWan(**TINY_VAE_CONFIGS["wan22"])
-    _randomize(vae, seed)
-    return vae.eval().to(DEVICE)
-
-
-def latent(vae: nn.Module, batch: int, frames: int, h: int, w: int, seed: int = 0) -> Tensor:
-    """A seeded standard-normal latent, drawn on the CPU (the same numbers everywhere), on DEVICE."""
-    generator = torch.Generator().manual_seed(seed)
-    z_dim = int(vae.config.z_dim)  # type: ignore[union-attr]
-    return torch.randn(batch, z_dim, frames, h, w, generator=generator).to(DEVICE)
+def latent(vae: nn.Module, batch: int, frames: int, h: int, w: int) -> Tensor:
+    """The seeded latent of tests/_vaes.py (drawn on the CPU: the same numbers everywhere), on DEVICE."""
+    return _vaes.latent(vae, batch, frames, h, w).to(DEVICE)
 
 
 # ----------------------------------------------------------------------------- what the encoders receive
@@ -359,94 +317,115 @@ def record_stream_disabled() -> Iterator[None]:
         del torch.Tensor.record_stream  # the method of torch._C.TensorBase shows through again
 
 
-# schedule -> (producer factory, batch_frames, control: (what it removes, how))
-SCHEDULES: dict[str, tuple[Callable[[], Producer], int, tuple[str, Callable[[], Any]] | None]] = {
-    "late_producer": (
-        late_producer,
-        1,
-        (
-            "ready event on the default stream",
-            lambda: (late_producer(control=True), contextlib.nullcontext()),
-        ),
-    ),
-    "reused_memory": (
-        reusing_producer,
-        2,
-        ("record_stream a no-op", lambda: (reusing_producer(), record_stream_disabled())),
-    ),
-    "caller_stream_finish": (finishing_producer, 4, None),
+# schedule -> (producer factory, batch_frames)
+SCHEDULES: dict[str, tuple[Callable[[], Producer], int]] = {
+    "late_producer": (late_producer, 1),
+    "reused_memory": (reusing_producer, 2),
+    "caller_stream_finish": (finishing_producer, 4),
 }
-VARIANTS = [(backend, 2) for backend in BACKENDS] + [("asyncio", 0)]  # (backend, transfer_slots)
+# schedule -> (what its control removes, the producer and the patch without that safeguard)
+CONTROLS: dict[str, tuple[str, Callable[[], tuple[Producer, contextlib.AbstractContextManager[Any]]]]] = {
+    "late_producer": (
+        "ready event on the default stream",
+        lambda: (late_producer(control=True), contextlib.nullcontext()),
+    ),
+    "reused_memory": ("record_stream a no-op", lambda: (reusing_producer(), record_stream_disabled())),
+}
+_cpu_references: dict[str, list[np.ndarray]] = {}
 
 
-def session_inputs(
+async def encoder_inputs(
     produce: Producer,
     chunks: list[Tensor],
     *,
     pixel_format: str,
     batch_frames: int,
     transfer_slots: int = 2,
-    backend: str = "asyncio",
 ) -> tuple[list[np.ndarray], dict[str, Any]]:
-    async def main() -> dict[str, Any]:
-        with anyio.fail_after(TIMEOUT_S):
-            async with ChunkedVideoMP4Session(
-                value_range=(-1.0, 1.0),
-                fps=FPS,
-                pixel_format=pixel_format,  # type: ignore[arg-type]
-                batch_frames=batch_frames,
-                transfer_slots=transfer_slots,
-                video_codec_options=FAST,
-            ) as session:
-                return await produce(session, chunks)
-
-    with recording_encoder_inputs() as inputs:
-        notes = anyio.run(main, backend=backend)
+    """The frames each encoder received while ``produce`` pushed ``chunks``, and the producer's notes."""
+    with recording_encoder_inputs() as inputs, anyio.fail_after(TIMEOUT_S):
+        async with ChunkedVideoMP4Session(
+            value_range=(-1.0, 1.0),
+            fps=FPS,
+            pixel_format=pixel_format,  # type: ignore[arg-type]
+            batch_frames=batch_frames,
+            transfer_slots=transfer_slots,
+            video_codec_options=FAST,
+        ) as session:
+            notes = await produce(session, chunks)
     videos = notes.pop("videos")
-    if len(videos) != BATCH or not all(videos):
-        raise RuntimeError(f"expected {BATCH} non-empty MP4s, got sizes {[len(v) for v in videos]}")
+    assert len(videos) == BATCH and all(videos), (
+        f"expected {BATCH} MP4s, got sizes {[len(v) for v in videos]}"
+    )
     return inputs.entries(), notes
 
 
-@functools.cache
-def cpu_reference(pixel_format: str) -> list[np.ndarray]:
-    frames, _ = session_inputs(push_all, host_chunks(), pixel_format=pixel_format, batch_frames=1)
-    return frames
+async def cpu_reference(pixel_format: str) -> list[np.ndarray]:
+    """What the encoders receive when the chunks are pushed from the host one by one (once per format)."""
+    if pixel_format not in _cpu_references:
+        frames, _ = await encoder_inputs(push_all, host_chunks(), pixel_format=pixel_format, batch_frames=1)
+        _cpu_references[pixel_format] = frames
+    return _cpu_references[pixel_format]
 
 
-def check_chunks(schedule: str, pixel_format: str) -> tuple[bool, str]:
-    make_producer, batch_frames, control = SCHEDULES[schedule]
-    reference = cpu_reference(pixel_format)
+def device_chunks() -> list[Tensor]:
     sources = [chunk.to(DEVICE) for chunk in host_chunks()]
     if CUDA:
         cycles_per_ms()  # calibrated now, not inside a schedule (it synchronizes)
     settle()
-    passed, parts = True, [f"{sum(CHUNK_FRAMES)} frames × {BATCH} entries, batch_frames={batch_frames}"]
-    for backend, slots in VARIANTS:
-        got, notes = session_inputs(
-            make_producer(),
-            sources,
-            pixel_format=pixel_format,
-            batch_frames=batch_frames,
-            transfer_slots=slots,
-            backend=backend,
+    return sources
+
+
+def noted(notes: dict[str, Any]) -> str:
+    return "".join(f", {key} {value}" for key, value in notes.items())
+
+
+@pytest.mark.parametrize(
+    ("anyio_backend", "transfer_slots"),
+    [("asyncio", 2), ("trio", 2), ("asyncio", 0)],
+    ids=["asyncio-ring", "trio-ring", "asyncio-blocking"],
+)
+@pytest.mark.parametrize("pixel_format", ["rgb24", "yuv420p"])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+async def test_chunks_on_the_device_reach_the_encoders_as_the_host_push_does(
+    schedule: str, pixel_format: str, transfer_slots: int
+) -> None:
+    make_producer, batch_frames = SCHEDULES[schedule]
+    reference = await cpu_reference(pixel_format)
+    got, notes = await encoder_inputs(
+        make_producer(),
+        device_chunks(),
+        pixel_format=pixel_format,
+        batch_frames=batch_frames,
+        transfer_slots=transfer_slots,
+    )
+    ok, numbers = compare(pixel_format, got, reference)
+    print(
+        f"{sum(CHUNK_FRAMES)} frames × {BATCH} entries, batch_frames={batch_frames}: {numbers}{noted(notes)}"
+    )
+    assert ok, numbers + noted(notes)
+
+
+@needs_cuda
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("pixel_format", ["rgb24", "yuv420p"])
+@pytest.mark.parametrize("schedule", list(CONTROLS))
+async def test_chunks_control_without_the_safeguard_shows_whether_the_schedule_catches_its_loss(
+    schedule: str, pixel_format: str
+) -> None:
+    """Informational, as a control is: a match means the schedule was too gentle, not that streamvae erred."""
+    (_, batch_frames), (what, make) = SCHEDULES[schedule], CONTROLS[schedule]
+    reference = await cpu_reference(pixel_format)
+    sources = device_chunks()
+    produce, patch = make()
+    with patch:
+        got, notes = await encoder_inputs(
+            produce, sources, pixel_format=pixel_format, batch_frames=batch_frames
         )
-        ok, numbers = compare(pixel_format, got, reference)
-        passed &= ok
-        extra = "".join(f", {key} {value}" for key, value in notes.items())
-        parts.append(f"{backend}/{'ring' if slots else 'blocking'}: {numbers}{extra}")
-    if control is not None and CUDA:
-        what, make = control
-        produce, patch = make()
-        with patch:
-            got, notes = session_inputs(
-                produce, sources, pixel_format=pixel_format, batch_frames=batch_frames
-            )
-        matched, numbers = compare(pixel_format, got, reference)
-        numbers += "".join(f", {key} {value}" for key, value in notes.items())
-        verdict = f"NOT caught, the schedule is too gentle ({numbers})" if matched else f"caught ({numbers})"
-        parts.append(f"control, {what}: {verdict}")
-    return passed, "; ".join(parts)
+    matched, numbers = compare(pixel_format, got, reference)
+    numbers += noted(notes)
+    verdict = f"NOT caught, the schedule is too gentle ({numbers})" if matched else f"caught ({numbers})"
+    print(f"control, {what}: {verdict}")
 
 
 # --------------------------------------------------------------------------------- host synchronizations
@@ -472,42 +451,41 @@ def sync_debug_warn() -> Iterator[None]:
         torch.cuda.set_sync_debug_mode(previous)
 
 
-def counting_syncs(main: Callable[[], Awaitable[Any]], backend: str) -> tuple[Any, list[Warned]]:
-    """Run ``main`` with every host synchronization warned about, and every warning of every thread kept.
+@contextlib.contextmanager
+def warnings_by_thread() -> Iterator[list[Warned]]:
+    """Every warning of every thread while the block runs, with the thread that warned.
 
     ``warnings.catch_warnings`` only saves and restores the module's state; the hook it restores is what
     records, and it is called in whichever thread warns (worker threads included), unlike ``record=True``
-    whose list does not say which thread warned.
+    whose list does not say which thread warned. Entered on the event loop's thread.
     """
-    loop: list[int] = []
-    seen: list[tuple[str, str, int, int, str]] = []
+    loop = threading.get_ident()
+    warned: list[Warned] = []
 
     def hook(
         message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
     ) -> None:
-        seen.append((str(message), filename, lineno, threading.get_ident(), threading.current_thread().name))
+        text = str(message)
+        thread = "event loop" if threading.get_ident() == loop else threading.current_thread().name[:40]
+        warned.append(
+            Warned(text.splitlines()[0] if text else "", f"{os.path.basename(filename)}:{lineno}", thread)
+        )
 
-    async def wrapped() -> Any:
-        loop.append(threading.get_ident())
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = hook
+        yield warned
+
+
+async def counting_syncs(main: Callable[[], Awaitable[T]]) -> tuple[T, list[Warned]]:
+    """Run ``main`` with every host synchronization warned about, and every warning of every thread kept."""
+    with warnings_by_thread() as warned:
         warnings.warn(f"{MARKER} (loop)", stacklevel=1)
         await anyio.to_thread.run_sync(functools.partial(warnings.warn, f"{MARKER} (worker)", stacklevel=1))
         if not CUDA:  # no device to synchronize with: a stand-in shows the report's form in the dry run
             await anyio.to_thread.run_sync(functools.partial(warnings.warn, f"a {SYNC_WARNING} (stand-in)"))
         with anyio.fail_after(TIMEOUT_S), sync_debug_warn():
-            return await main()
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = hook
-        result = anyio.run(wrapped, backend=backend)
-    warned = [
-        Warned(
-            message.splitlines()[0] if message else "",
-            f"{os.path.basename(filename)}:{lineno}",
-            "event loop" if ident == loop[0] else name[:40],
-        )
-        for message, filename, lineno, ident, name in seen
-    ]
+            result = await main()
     return result, warned
 
 
@@ -534,8 +512,10 @@ def describe_syncs(warned: list[Warned]) -> tuple[bool, str]:
     return not on_loop, text
 
 
-def check_syncs_decode(*, latent_on_host: bool) -> tuple[bool, str]:
-    vae = tiny_wan21()
+@pytest.mark.slow  # a few seconds: whole decodes through the encoder, twice
+@pytest.mark.parametrize("latent_on_host", [False, True], ids=["device_latent", "host_latent"])
+async def test_syncs_decode_to_mp4_never_synchronizes_on_the_event_loop(latent_on_host: bool) -> None:
+    vae = tiny_wan("2.1")
     z = latent(vae, 2, 5, 16, 16)
     if latent_on_host:
         z = z.cpu()  # a server that received the latent over the wire: decode_to_mp4 moves it
@@ -543,14 +523,12 @@ def check_syncs_decode(*, latent_on_host: bool) -> tuple[bool, str]:
     def decode() -> Awaitable[list[bytes]]:
         return decode_to_mp4(vae, z, fps=FPS, video_codec_options=FAST)
 
-    anyio.run(decode)  # warm-up: first kernels, cuDNN and cuBLAS handles, the encoder
-    passed, parts = True, [f"latent {tuple(z.shape)} on {z.device.type}"]
-    for backend in BACKENDS:
-        videos, warned = counting_syncs(decode, backend)
-        ok, text = describe_syncs(warned)
-        passed &= ok and len(videos) == 2 and all(videos)
-        parts.append(f"{backend}: {text}")
-    return passed, "; ".join(parts)
+    await decode()  # warm-up: first kernels, cuDNN and cuBLAS handles, the encoder
+    videos, warned = await counting_syncs(decode)
+    ok, text = describe_syncs(warned)
+    print(f"latent {tuple(z.shape)} on {z.device.type}: {text}")
+    assert ok, text
+    assert len(videos) == 2 and all(videos)
 
 
 @contextlib.contextmanager
@@ -561,7 +539,7 @@ def group_of_one() -> Iterator[Any]:
     from streamvae.distributed import init_distributed
 
     if CUDA and not dist.is_nccl_available():
-        raise Skip("this torch has no NCCL")
+        pytest.skip("needs CUDA with NCCL: this torch has no NCCL")
     created = not dist.is_initialized()
     device = init_distributed(timeout=timedelta(seconds=60))
     try:
@@ -571,14 +549,15 @@ def group_of_one() -> Iterator[Any]:
             dist.destroy_process_group()
 
 
-def check_syncs_sharded() -> tuple[bool, str]:
+@pytest.mark.slow  # a few seconds: whole decodes through the encoder, twice
+async def test_syncs_sharded_decode_never_synchronizes_on_the_event_loop() -> None:
     import torch.distributed as dist
 
     from streamvae.distributed import ShardedWanDecoder
 
     with group_of_one() as device:
         backend_name = str(dist.get_backend())
-        vae = tiny_wan21()
+        vae = tiny_wan("2.1")
         z = latent(vae, 1, 5, 16, 16).to(device)
         reference: list[Tensor] = []
         chunked_decoder(vae).decode_with_chunks(z, on_chunk=reference.append)
@@ -593,19 +572,18 @@ def check_syncs_sharded() -> tuple[bool, str]:
         def decode() -> Awaitable[list[bytes]]:
             return decode_to_mp4(decoder, z, fps=FPS, video_codec_options=FAST)
 
-        passed = True
-        parts = [
-            f"{backend_name}, world size {dist.get_world_size()}, chunks equal to unsharded: {equal} (max |Δ| {delta:g})"
-        ]
-        for backend in BACKENDS:
-            videos, warned = counting_syncs(decode, backend)
-            ok, text = describe_syncs(warned)
-            passed &= ok and len(videos) == 1 and bool(videos[0])
-            parts.append(f"{backend}: {text}, {decoder.stats.collectives} collectives")
-        return passed, "; ".join(parts)
+        videos, warned = await counting_syncs(decode)
+        ok, text = describe_syncs(warned)
+        print(
+            f"{backend_name}, world size {dist.get_world_size()}, chunks equal to unsharded: {equal} "
+            f"(max |Δ| {delta:g}); {text}, {decoder.stats.collectives} collectives"
+        )
+        assert ok, text
+        assert len(videos) == 1 and videos[0]
 
 
-def check_sharded_stream() -> tuple[bool, str]:
+@pytest.mark.slow  # a few seconds: whole decodes through the encoder, twice
+async def test_sharded_stream_of_pieces_writes_the_single_process_frames() -> None:
     """A one-rank sharded stream (NCCL on CUDA): pieces pushed through ``open_latent_stream`` give the frames
     of ``decode_to_mp4`` of the concatenated latent in one process (within 1 uint8 level: cuDNN may sum a
     strip differently), with no host synchronization on the event loop thread."""
@@ -616,40 +594,28 @@ def check_sharded_stream() -> tuple[bool, str]:
 
     with group_of_one() as device:
         backend_name = str(dist.get_backend())
-        vae = tiny_wan21()
+        vae = tiny_wan("2.1")
         z = latent(vae, 1, 5, 16, 16).to(device)
         decoder = sharded_decoder(vae, shard="height")  # a group of one: one strip, every collective run
-        codec = {"threads": "1", "x264-params": "asm=0"}
 
         async def stream() -> list[bytes]:
-            async with open_latent_stream(decoder, fps=FPS, video_codec_options=codec) as opened:
+            async with open_latent_stream(decoder, fps=FPS, video_codec_options=DETERMINISTIC_X264) as opened:
                 for piece in (z[:, :, :2], z[:, :, 2:3], z[:, :, 3:]):
                     await opened.push_latents(piece)
                 return await opened.finish()
 
-        passed, parts = True, [f"{backend_name}, world size {dist.get_world_size()}"]
-        single = anyio.run(lambda: decode_to_mp4(vae, z, fps=FPS, video_codec_options=codec))
-        for backend in BACKENDS:
-            videos, warned = counting_syncs(stream, backend)
-            ok, text = describe_syncs(warned)
-            frames = [read_frames(videos[0]), read_frames(single[0])]
-            same_shape = frames[0].shape == frames[1].shape
-            levels = int(np.abs(frames[0].astype(int) - frames[1].astype(int)).max()) if same_shape else -1
-            passed &= ok and same_shape and 0 <= levels <= 1
-            parts.append(
-                f"{backend}: {text}, frames {frames[0].shape[0]}, bytes equal {videos == single}, "
-                f"max level Δ {levels}, {decoder.stats.collectives} collectives"
-            )
-        return passed, "; ".join(parts)
-
-
-def read_frames(data: bytes) -> np.ndarray:
-    import io
-
-    import av
-
-    with av.open(io.BytesIO(data)) as container:
-        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+        single = await decode_to_mp4(vae, z, fps=FPS, video_codec_options=DETERMINISTIC_X264)
+        videos, warned = await counting_syncs(stream)
+        ok, text = describe_syncs(warned)
+        frames = [read_mp4(videos[0]).frames, read_mp4(single[0]).frames]
+        same_shape = frames[0].shape == frames[1].shape
+        levels = int(np.abs(frames[0].astype(int) - frames[1].astype(int)).max()) if same_shape else -1
+        print(
+            f"{backend_name}, world size {dist.get_world_size()}: {text}, frames {frames[0].shape[0]}, "
+            f"bytes equal {videos == single}, max level Δ {levels}, {decoder.stats.collectives} collectives"
+        )
+        assert ok, text
+        assert same_shape and 0 <= levels <= 1, f"shapes {[f.shape for f in frames]}, level Δ {levels}"
 
 
 # --------------------------------------------------------------------------------------- Wan exactness
@@ -662,8 +628,9 @@ def chunks_vs_decode(vae: Any, z: Tensor) -> tuple[bool, float, int]:
     with torch.no_grad():
         reference = vae.decode(z).sample
     streamed = torch.cat(chunks, dim=2)
-    if streamed.shape != reference.shape:
-        raise RuntimeError(f"chunks make {tuple(streamed.shape)}, vae.decode {tuple(reference.shape)}")
+    assert streamed.shape == reference.shape, (
+        f"chunks make {tuple(streamed.shape)}, vae.decode {tuple(reference.shape)}"
+    )
     delta = float((streamed - reference).abs().max())
     levels = int(
         (quantize_chunk(streamed, (-1, 1)).int() - quantize_chunk(reference, (-1, 1)).int()).abs().max()
@@ -671,25 +638,31 @@ def chunks_vs_decode(vae: Any, z: Tensor) -> tuple[bool, float, int]:
     return torch.equal(streamed, reference), delta, levels
 
 
-def check_wan(*, tiled: bool) -> tuple[bool, str]:
-    passed, parts = True, []
-    for name, make, (batch, h, w) in (("2.1", tiny_wan21, (2, 8, 8)), ("2.2", tiny_wan22, (1, 8, 8))):
-        vae = make()
-        if tiled:
-            enable_small_tiling(vae)
-            h, w = 6, 7
-        z = latent(vae, batch, 5, h, w)
-        equal, delta, levels = chunks_vs_decode(vae, z)
-        passed &= levels <= 1 if tiled else equal
-        parts.append(f"Wan {name} {tuple(z.shape)}: equal {equal}, max |Δ| {delta:g}, uint8 Δ {levels}")
-    return passed, "; ".join(parts)
+@pytest.mark.parametrize(("version", "batch"), [("2.1", 2), ("2.2", 1)])
+def test_wan_chunks_equal_vae_decode_on_the_device(version: str, batch: int) -> None:
+    vae = tiny_wan(version)
+    z = latent(vae, batch, 5, 8, 8)
+    equal, delta, levels = chunks_vs_decode(vae, z)
+    print(f"Wan {version} {tuple(z.shape)}: equal {equal}, max |Δ| {delta:g}, uint8 Δ {levels}")
+    assert equal, f"max |Δ| {delta:g}, uint8 Δ {levels}"
+
+
+@pytest.mark.parametrize(("version", "batch"), [("2.1", 2), ("2.2", 1)])
+def test_wan_tiled_chunks_are_within_one_level_of_vae_decode(version: str, batch: int) -> None:
+    vae = tiny_wan(version)
+    enable_small_tiling(vae)
+    z = latent(vae, batch, 5, 6, 7)  # 2×3 tiles
+    equal, delta, levels = chunks_vs_decode(vae, z)
+    print(f"Wan {version} {tuple(z.shape)} tiled: equal {equal}, max |Δ| {delta:g}, uint8 Δ {levels}")
+    assert levels <= 1, f"max |Δ| {delta:g}, uint8 Δ {levels}"
 
 
 # ------------------------------------------------------------------------------------ a client that leaves
 
 
-def check_leave_early() -> tuple[bool, str]:
-    vae = tiny_wan21()
+@pytest.mark.slow  # a few seconds: whole decodes through the encoder, twice
+async def test_stream_mp4_client_that_leaves_early_leaves_no_container_or_device_memory() -> None:
+    vae = tiny_wan("2.1")
     z = latent(vae, 1, 21, 16, 16)
     total = 1 + 4 * (z.shape[2] - 1)
 
@@ -704,120 +677,25 @@ def check_leave_early() -> tuple[bool, str]:
                 break
         return received, sessions[0].frames_pushed
 
-    passed, parts = True, [f"{total} frames"]
-    for backend in BACKENDS:
-        anyio.run(leave, backend=backend)  # warm-up: worker threads, their handles and the encoder
+    await leave()  # warm-up: worker threads, their handles and the encoder
+    settle()
+    before = allocated()
+    runs = []
+    for _ in range(2):
+        received, pushed = await leave()
         settle()
-        before = allocated()
-        runs = []
-        for _ in range(2):
-            received, pushed = anyio.run(leave, backend=backend)
-            settle()
-            runs.append((received, pushed, allocated() - before, open_containers()))
-        passed &= all(r > 0 and grew == 0 and left == 0 for r, _, grew, left in runs)
-        parts.append(
-            f"{backend}: "
-            + ", ".join(
-                f"left after {r} B at frame {p}, CUDA memory {grew:+d} B, open containers {left}"
-                for r, p, grew, left in runs
-            )
-        )
-    return passed, "; ".join(parts)
+        runs.append((received, pushed, allocated() - before, open_containers()))
+    text = f"{total} frames: " + ", ".join(
+        f"left after {r} B at frame {p}, CUDA memory {grew:+d} B, open containers {left}"
+        for r, p, grew, left in runs
+    )
+    print(text)
+    assert all(r > 0 and grew == 0 and left == 0 for r, _, grew, left in runs), text
 
 
-def check_codec_auto() -> tuple[bool, str]:
+def test_codec_auto_chooses_an_encoder_here() -> None:
     """Informational: what ``video_codec="auto"`` chooses here (no NVENC block on H100/H200/A100: libx264)."""
     started = time.perf_counter()
     chosen = auto_video_codec()
-    return True, f"auto chose {chosen} (probe {1000 * (time.perf_counter() - started):.1f} ms)"
-
-
-# ------------------------------------------------------------------------------------------------ runner
-
-CHECKS: list[tuple[str, Callable[[], tuple[bool, str]]]] = [
-    (f"chunks.{schedule}.{pixel_format}", functools.partial(check_chunks, schedule, pixel_format))
-    for schedule in SCHEDULES
-    for pixel_format in ("rgb24", "yuv420p")
-]
-CHECKS += [
-    ("syncs.decode_to_mp4", functools.partial(check_syncs_decode, latent_on_host=False)),
-    ("syncs.decode_to_mp4.host_latent", functools.partial(check_syncs_decode, latent_on_host=True)),
-    ("syncs.sharded", check_syncs_sharded),
-    ("sharded.stream", check_sharded_stream),
-    ("wan.untiled_equal", functools.partial(check_wan, tiled=False)),
-    ("wan.tiled", functools.partial(check_wan, tiled=True)),
-    ("stream_mp4.leave_early", check_leave_early),
-    ("codec.auto", check_codec_auto),
-]
-
-
-def run_check(name: str, check: Callable[[], tuple[bool, str]]) -> Result:
-    started = time.perf_counter()
-    trace = ""
-    try:
-        passed, numbers = check()
-    except Skip as skip:
-        outcome, numbers = "SKIP", str(skip)
-    except Exception as error:
-        outcome, numbers = "FAIL", f"{type(error).__name__}: {error}"
-        trace = traceback.format_exc()
-    else:
-        if not passed:
-            outcome = "MISMATCH"
-        elif CUDA:
-            outcome = "OK"
-        else:
-            outcome, numbers = "SKIP", f"no CUDA; CPU dry run passed: {numbers}"
-    result = Result(name, outcome, numbers, time.perf_counter() - started)
-    print(f"{outcome:<8} {name:<36} {numbers} ({result.seconds:.1f} s)", flush=True)
-    if trace:
-        print("".join(f"    {line}\n" for line in trace.rstrip().splitlines()), end="", flush=True)
-    with contextlib.suppress(Exception):
-        settle()  # the next check starts from a quiet device
-    return result
-
-
-def versions() -> str:
-    names = ("torch", "diffusers", "av", "anyio", "trio", "numpy")
-    found = []
-    for name in names:
-        try:
-            found.append(f"{name} {metadata.version(name)}")
-        except metadata.PackageNotFoundError:
-            found.append(f"{name} missing")
-    device = "no CUDA device"
-    if CUDA:
-        props = torch.cuda.get_device_properties(DEVICE)
-        device = (
-            f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}, "
-            f"cuDNN {torch.backends.cudnn.version()}"
-        )
-    return f"Python {platform.python_version()}; {', '.join(found)}; {device}"
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--list", action="store_true", help="print the check names and exit")
-    parser.add_argument("--only", action="append", default=[], help="run the checks with this name prefix")
-    args = parser.parse_args()
-    if args.list:
-        print("\n".join(name for name, _ in CHECKS))
-        return 0
-    selected = [(n, c) for n, c in CHECKS if not args.only or any(n.startswith(p) for p in args.only)]
-    print(versions(), flush=True)
-    print(
-        f"backends {', '.join(BACKENDS)}; chunks {list(CHUNK_FRAMES)} frames of {HEIGHT}×{WIDTH}", flush=True
-    )
-    started = time.perf_counter()
-    results = [run_check(name, check) for name, check in selected]
-    print(f"\nsummary ({time.perf_counter() - started:.0f} s)")
-    width = max((len(r.name) for r in results), default=5)
-    print(f"{'check':<{width}}  {'outcome':<8}  numbers")
-    for r in results:
-        numbers = r.numbers if len(r.numbers) <= 100 else r.numbers[:99] + "…"
-        print(f"{r.name:<{width}}  {r.outcome:<8}  {numbers}")
-    return 1 if any(r.outcome in ("MISMATCH", "FAIL") for r in results) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    print(f"auto chose {chosen} (probe {1000 * (time.perf_counter() - started):.1f} ms)")
+    assert chosen

@@ -1,38 +1,36 @@
-"""Tiny seeded diffusers modular video pipelines: Wan, Helios, HunyuanVideo 1.5, LTX-2, Wan-Animate-2.
-
-The same contract as :mod:`tests._pipelines` (read it first) and :mod:`tests._pipelines_more`'s
-``minimax_h3_modular``: each builder in :data:`BUILDERS` returns ``(pipe, make_kwargs)``, is built once per
-process (do not mutate what it returns), and draws from a fresh ``torch.Generator().manual_seed(0)`` every
-call, so two calls give the same frames.
+"""Modular builders: diffusers' ``ModularPipeline`` of Wan 2.1 / 2.2, Helios, HunyuanVideo 1.5, LTX-2,
+Wan-Animate-2 and MiniMax-H3, on the models of their families' standard builders.
 
 Each pipe is a ``ModularPipeline`` around diffusers' own blocks class less its text encoder step: the
 call passes what that step outputs (``prompt_embeds``, ``negative_prompt_embeds``, ...). The models are
 set with ``update_components`` (seeded, eval mode) and the progress bars the blocks let one configure are
 off (Helios's and Wan-Animate-2's loops use a bare ``tqdm``). A modular pipeline is called
-``pipe(**make_kwargs(), output_type="np", output=["videos"])`` and returns a dict of those outputs; there
-is no ``guidance_scale`` argument (each pipe's guider component sets it) and, but for LTX-2, no
+``pipe(**make_kwargs(), output_type="np", output=["videos"])`` and returns a dict of those outputs
+(without ``output=``, the whole ``PipelineState``: ``state.get("videos")``); there is no
+``guidance_scale`` argument (each pipe's guider component sets it) and, but for LTX-2, no
 ``output_type="latent"``: ``output="latents"`` gives the denoised latents.
 
 - ``wan21_modular`` / ``wan22_modular`` / ``wan21_i2v_modular``: ``WanBlocks``, ``Wan22Blocks`` (two
   transformers), ``WanImage2VideoAutoBlocks``; one decode after the loop.
 - ``hunyuan_video15_modular``: ``HunyuanVideo15AutoBlocks``, text to video; one decode.
 - ``helios_modular``: ``HeliosAutoBlocks``; one decode per chunk, all after the chunk loop.
-- ``ltx2_modular`` / ``ltx2_timestep_modular``: ``LTX2AutoBlocks``, video and a stereo soundtrack
-  (:data:`AUDIO`); one decode.
+- ``ltx2_modular`` / ``ltx2_timestep_modular``: ``LTX2AutoBlocks``, video and a stereo soundtrack; one
+  decode.
 - ``wan_animate2_modular``: ``WanAnimate2Blocks``; one decode per segment, inside the segment loop.
+- ``minimax_h3_modular``: ``MiniMaxH3Blocks``, text to video and audio; one decode.
 
-:data:`EXPECTED` gives the shapes of the default kwargs: ``frames`` is output ``"videos"`` with
-``output_type="np"``, ``latents`` the blocks' latent output (see each entry).
+The index's shapes (:data:`tests.pipelines.EXPECTED`): ``frames`` is output ``"videos"`` with
+``output_type="np"``, ``latents`` the blocks' latent output (see each builder).
 """
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from diffusers import (
-    AutoencoderKLLTX2Audio,
+    AutoencoderKLMiniMaxH3Audio,
     ClassifierFreeGuidance,
     FlowMatchEulerDiscreteScheduler,
     HeliosAutoBlocks,
@@ -41,12 +39,13 @@ from diffusers import (
     HeliosTransformer3DModel,
     HunyuanVideo15AutoBlocks,
     HunyuanVideo15ModularPipeline,
-    HunyuanVideo15Transformer3DModel,
     LTX2AutoBlocks,
     LTX2Guidance,
     LTX2ModularPipeline,
-    LTX2VideoTransformer3DModel,
-    UniPCMultistepScheduler,
+    MiniMaxH3Blocks,
+    MiniMaxH3ModularPipeline,
+    MiniMaxH3Scheduler,
+    MiniMaxH3Transformer3DModel,
     Wan22Blocks,
     Wan22ModularPipeline,
     WanAnimate2Blocks,
@@ -58,46 +57,39 @@ from diffusers import (
     WanModularPipeline,
     WanTransformer3DModel,
 )
-from diffusers.pipelines.ltx2.connectors import LTX2TextConnectors
-from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import CLIPImageProcessorPil, CLIPVisionConfig, CLIPVisionModel, PreTrainedTokenizerFast
 
-from tests._pipelines import (
-    _CLIP_VISION,
-    _TEXT_TOKENS,
-    _WAN_TRANSFORMER,
-    Builder,
-    Expected,
+from tests._vaes import tiny_minimax_h3, tiny_wan21
+from tests.pipelines._shared import (
+    TEXT_TOKENS,
+    ExpectedAudio,
     MakeKwargs,
     Pipeline,
-    Prompt,
-    _image,
-    _prompt_pair,
-    _randn,
-    _seeded,
+    builder,
+    call_kwargs,
+    eval_mode,
+    noise_frames,
+    prompt_pair,
+    randn,
+    seeded,
 )
-from tests._pipelines_clips import _HELIOS_FRAMES, _HELIOS_TRANSFORMER, _frames
-from tests._pipelines_more import (
-    _HUNYUAN15_TRANSFORMER,
-    _LTX2_AUDIO_VAE,
-    _LTX2_CAPTION,
-    _LTX2_CONNECTORS,
-    _LTX2_SAMPLE_RATE,
-    _LTX2_TEXT_LAYERS,
-    _LTX2_TRANSFORMER,
-    _LTX2_VOCODER,
-    ExpectedAudio,
-    _call_kwargs,
-    _eval,
-    _hunyuan15_prompt,
-    _ltx2_timestep_vae,
-    _quiet,
-)
-from tests._vaes import tiny_hunyuan_video15, tiny_ltx2_video, tiny_wan21
+from tests.pipelines.helios import HELIOS_FRAMES, HELIOS_TRANSFORMER
+from tests.pipelines.hunyuan import hunyuan15_components, hunyuan15_prompt
+from tests.pipelines.ltx import DECODE_NOISE, LTX2_AUDIO, ltx2_components, ltx2_prompt
+from tests.pipelines.wan import CLIP_VISION, WAN21_TRANSFORMER, WAN_TEXT_DIM, flow_unipc
 
-__all__ = ["AUDIO", "BUILDERS", "EXPECTED"]
+
+def _quiet(blocks: Any) -> None:
+    """No progress bar in any denoising loop of ``blocks`` (``ModularPipeline.set_progress_bar_config``
+    reaches only the top-level blocks, and MiniMax-H3's loops sit two levels down)."""
+    if hasattr(blocks, "set_progress_bar_config"):
+        blocks.set_progress_bar_config(disable=True)
+    sub_blocks: Mapping[str, Any] = blocks.sub_blocks or {}
+    for block in sub_blocks.values():
+        _quiet(block)
 
 
 def _modular(
@@ -115,49 +107,34 @@ def _modular(
     _quiet(blocks)
     pipe: Any = pipeline_class(blocks=blocks)
     pipe.update_components(**components)
-    return _eval(pipe)
-
-
-def _image_kwargs(prompt: Prompt, size: int, **fixed: Any) -> MakeKwargs:
-    """:func:`tests._pipelines_more._call_kwargs` with a seeded ``size`` × ``size`` noise ``image`` (a new
-    object every call)."""
-    base = _call_kwargs(prompt, **fixed)
-
-    def make_kwargs(**overrides: Any) -> dict[str, Any]:
-        return {"image": _image(size), **base(**overrides)}
-
-    return make_kwargs
+    return eval_mode(pipe)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Wan 2.1 / 2.2 (WanBlocks, Wan22Blocks, WanImage2VideoAutoBlocks)
 # ---------------------------------------------------------------------------------------------------------
 
-_WAN_TEXT_DIM = 32
-_WAN_CHANNELS = {"in_channels": 16, "out_channels": 16}
-#: the Wan 2.1 / 2.2 A14B scheduler of tests._pipelines' Wan 2.2 (flow-matching UniPC)
-_WAN_SCHEDULER: dict[str, Any] = {
-    "prediction_type": "flow_prediction",
-    "use_flow_sigmas": True,
-    "flow_shift": 3.0,
-}
 _WAN_SIZE = 16
 _WAN_FRAMES = 9
 
 
 def _wan_transformer(seed: int = 0, **config: Any) -> WanTransformer3DModel:
-    """tests._pipelines' tiny Wan transformer with 16 latent channels, seeded with ``seed``."""
-    torch.manual_seed(seed)
-    return WanTransformer3DModel(**{**_WAN_TRANSFORMER, **_WAN_CHANNELS, **config})
+    """The tiny Wan 2.1 transformer of :mod:`tests.pipelines.wan`, seeded with ``seed``."""
+    return seeded(WanTransformer3DModel, {**WAN21_TRANSFORMER, **config}, seed=seed)
 
 
-def _wan_kwargs() -> MakeKwargs:
-    return _call_kwargs(
-        _prompt_pair(_WAN_TEXT_DIM), height=_WAN_SIZE, width=_WAN_SIZE, num_frames=_WAN_FRAMES
+def _wan_kwargs(*, image: bool = False) -> MakeKwargs:
+    """The 16×16, 9-frame kwargs of the modular Wan calls, with a 16×16 ``image`` if ``image``."""
+    return call_kwargs(
+        prompt_pair(WAN_TEXT_DIM),
+        image=_WAN_SIZE if image else None,
+        height=_WAN_SIZE,
+        width=_WAN_SIZE,
+        num_frames=_WAN_FRAMES,
     )
 
 
-@functools.cache
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
 def wan21_modular() -> tuple[Pipeline, MakeKwargs]:
     """Wan 2.1 text to video, ``WanBlocks`` in a ``WanModularPipeline`` (``tiny_wan21``, classifier-free
     guidance 5.0 from its guider): 16×16, 9 frames → ``videos`` [1, 9, 16, 16, 3]. One
@@ -168,13 +145,13 @@ def wan21_modular() -> tuple[Pipeline, MakeKwargs]:
         WanBlocks(),
         transformer=_wan_transformer(),
         vae=tiny_wan21(),
-        scheduler=UniPCMultistepScheduler(**_WAN_SCHEDULER),
+        scheduler=flow_unipc(3.0),
         guider=ClassifierFreeGuidance(guidance_scale=5.0),
     )
     return pipe, _wan_kwargs()
 
 
-@functools.cache
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
 def wan22_modular() -> tuple[Pipeline, MakeKwargs]:
     """Wan 2.2 A14B layout, text to video: ``Wan22Blocks`` in a ``Wan22ModularPipeline``, two transformers
     (seeds 0 and 1; ``transformer`` with guidance 4.0 while the timestep is at least ``boundary_ratio``
@@ -187,14 +164,14 @@ def wan22_modular() -> tuple[Pipeline, MakeKwargs]:
         transformer=_wan_transformer(0),
         transformer_2=_wan_transformer(1),
         vae=tiny_wan21(),
-        scheduler=UniPCMultistepScheduler(**_WAN_SCHEDULER),
+        scheduler=flow_unipc(3.0),
         guider=ClassifierFreeGuidance(guidance_scale=4.0),
         guider_2=ClassifierFreeGuidance(guidance_scale=3.0),
     )
     return pipe, _wan_kwargs()
 
 
-@functools.cache
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
 def wan21_i2v_modular() -> tuple[Pipeline, MakeKwargs]:
     """Wan 2.1 image to video, ``WanImage2VideoAutoBlocks`` (its ``image2video`` workflow: ``image``
     without ``last_image``) in a ``WanImage2VideoModularPipeline``: a tiny CLIP vision tower (hidden states
@@ -205,15 +182,14 @@ def wan21_i2v_modular() -> tuple[Pipeline, MakeKwargs]:
     pipe = _modular(
         WanImage2VideoModularPipeline,
         WanImage2VideoAutoBlocks(),
-        transformer=_wan_transformer(in_channels=16 + 4 + 16, image_dim=_CLIP_VISION["hidden_size"]),
+        transformer=_wan_transformer(in_channels=16 + 4 + 16, image_dim=CLIP_VISION["hidden_size"]),
         vae=tiny_wan21(),
-        scheduler=UniPCMultistepScheduler(**_WAN_SCHEDULER),
+        scheduler=flow_unipc(3.0),
         guider=ClassifierFreeGuidance(guidance_scale=5.0),
-        image_encoder=_seeded(CLIPVisionModel, {"config": CLIPVisionConfig(**_CLIP_VISION)}),
+        image_encoder=seeded(CLIPVisionModel, {"config": CLIPVisionConfig(**CLIP_VISION)}),
         image_processor=CLIPImageProcessorPil(crop_size=_WAN_SIZE, size=_WAN_SIZE),
     )
-    prompt = _prompt_pair(_WAN_TEXT_DIM)
-    return pipe, _image_kwargs(prompt, _WAN_SIZE, height=_WAN_SIZE, width=_WAN_SIZE, num_frames=_WAN_FRAMES)
+    return pipe, _wan_kwargs(image=True)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -221,10 +197,11 @@ def wan21_i2v_modular() -> tuple[Pipeline, MakeKwargs]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-@functools.cache
+# ``latents``: output "latents", the last chunk's (output "latent_chunks" is the list of both)
+@builder(frames=(1, 65, 16, 16, 3), latents=(1, 16, 9, 2, 2))
 def helios_modular() -> tuple[Pipeline, MakeKwargs]:
     """Helios text to video, ``HeliosAutoBlocks`` (its ``text2video`` workflow) in a
-    ``HeliosModularPipeline`` with tests._pipelines_clips' tiny Helios transformer and ``tiny_wan21``
+    ``HeliosModularPipeline`` with :mod:`tests.pipelines.helios`' tiny transformer and ``tiny_wan21``
     (classifier-free guidance 5.0 from its guider): 16×16, ``num_frames`` 66 → 2 autoregressive chunks of
     9 latent frames (33-frame windows). Unlike ``HeliosPipeline``, the chunk loop decodes nothing: the
     decode step then calls ``vae.decode`` once per chunk, [1, 16, 9, 2, 2] → 33 frames, twice, concatenates
@@ -235,13 +212,13 @@ def helios_modular() -> tuple[Pipeline, MakeKwargs]:
     pipe = _modular(
         HeliosModularPipeline,
         HeliosAutoBlocks(),
-        transformer=_seeded(HeliosTransformer3DModel, _HELIOS_TRANSFORMER),
+        transformer=seeded(HeliosTransformer3DModel, HELIOS_TRANSFORMER),
         vae=tiny_wan21(),
         scheduler=HeliosScheduler(stage_range=[0, 1], stages=1, use_dynamic_shifting=True),
         guider=ClassifierFreeGuidance(guidance_scale=5.0),
     )
-    prompt = _prompt_pair(_WAN_TEXT_DIM)
-    return pipe, _call_kwargs(prompt, height=16, width=16, num_frames=_HELIOS_FRAMES)
+    prompt = prompt_pair(WAN_TEXT_DIM)
+    return pipe, call_kwargs(prompt, height=16, width=16, num_frames=HELIOS_FRAMES)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -249,23 +226,16 @@ def helios_modular() -> tuple[Pipeline, MakeKwargs]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-@functools.cache
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 4, 3, 2, 2))
 def hunyuan_video15_modular() -> tuple[Pipeline, MakeKwargs]:
     """HunyuanVideo 1.5 text to video, ``HunyuanVideo15AutoBlocks`` (its ``text2video`` workflow: no
-    ``image``) in a ``HunyuanVideo15ModularPipeline`` with tests._pipelines_more's tiny transformer and
-    ``tiny_hunyuan_video15`` (classifier-free guidance 6.0 from its guider; the image embeddings are the
+    ``image``) in a ``HunyuanVideo15ModularPipeline`` with :mod:`tests.pipelines.hunyuan`'s tiny transformer
+    and ``tiny_hunyuan_video15`` (classifier-free guidance 6.0 from its guider; the image embeddings are the
     blocks' own zeros, [1, 729, 12]): 16×16, 9 frames → ``videos`` [1, 9, 16, 16, 3]. One
     ``vae.decode(latents / scaling_factor, return_dict=False)`` of [1, 4, 3, 2, 2], then
     ``video_processor.postprocess_video``; ``output="latents"`` gives [1, 4, 3, 2, 2]."""
-    pipe = _modular(
-        HunyuanVideo15ModularPipeline,
-        HunyuanVideo15AutoBlocks(),
-        transformer=_seeded(HunyuanVideo15Transformer3DModel, _HUNYUAN15_TRANSFORMER),
-        vae=tiny_hunyuan_video15(),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        guider=ClassifierFreeGuidance(guidance_scale=6.0),
-    )
-    return pipe, _call_kwargs(_hunyuan15_prompt, height=16, width=16, num_frames=9)
+    pipe = _modular(HunyuanVideo15ModularPipeline, HunyuanVideo15AutoBlocks(), **hunyuan15_components())
+    return pipe, call_kwargs(hunyuan15_prompt, height=16, width=16, num_frames=9)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -281,13 +251,12 @@ def _padding_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def _ltx2_prompt() -> dict[str, Any]:
-    """What LTX-2's text encoder step outputs: tests._pipelines_more's prompt embeddings [1, 16, 32·2] with
-    all-ones masks (prompt and negative prompt), the prompt count and the embeddings' dtype."""
-    prompt = _prompt_pair(_LTX2_CAPTION * _LTX2_TEXT_LAYERS, mask_dtype=torch.long)
-    return {**prompt(), "batch_size": 1, "dtype": torch.float32}
+    """What LTX-2's text encoder step outputs: :func:`tests.pipelines.ltx.ltx2_prompt`'s embeddings
+    [1, 16, 32·2] with all-ones masks (prompt and negative prompt), the prompt count and the embeddings'
+    dtype."""
+    return {**ltx2_prompt()(), "batch_size": 1, "dtype": torch.float32}
 
 
-@functools.cache  # each variant is built once per process
 def _ltx2_modular(*, timestep_conditioning: bool) -> tuple[Pipeline, MakeKwargs]:
     pipe = _modular(
         LTX2ModularPipeline,
@@ -295,29 +264,25 @@ def _ltx2_modular(*, timestep_conditioning: bool) -> tuple[Pipeline, MakeKwargs]
         # the prompt enhancer (off unless ``enable_prompt_enhancement``) and the Gemma step; the text
         # conditioning step's connectors stay
         drop=("prompt_enhancer", "text_encoder.text_encoder"),
-        transformer=_seeded(LTX2VideoTransformer3DModel, _LTX2_TRANSFORMER),
-        connectors=_seeded(LTX2TextConnectors, _LTX2_CONNECTORS),
+        **ltx2_components(timestep_conditioning=timestep_conditioning),
         tokenizer=_padding_tokenizer(),
-        vae=_ltx2_timestep_vae() if timestep_conditioning else tiny_ltx2_video(),
-        audio_vae=_seeded(AutoencoderKLLTX2Audio, _LTX2_AUDIO_VAE),
-        vocoder=_seeded(LTX2Vocoder, _LTX2_VOCODER),
-        scheduler=FlowMatchEulerDiscreteScheduler(),
-        # classifier-free guidance only (as tests._pipelines_more's ltx2): no STG, no modality guidance
+        # classifier-free guidance only (as tests.pipelines.ltx's ltx2): no STG, no modality guidance
         guider=LTX2Guidance(guidance_scale=3.0),
         audio_guider=LTX2Guidance(guidance_scale=7.0),
     )
-    decode: dict[str, Any] = (
-        {"decode_timestep": 0.05, "decode_noise_scale": 0.025} if timestep_conditioning else {}
-    )
-    return pipe, _call_kwargs(_ltx2_prompt, height=32, width=32, num_frames=9, **decode)
+    decode = DECODE_NOISE if timestep_conditioning else {}
+    return pipe, call_kwargs(_ltx2_prompt, height=32, width=32, num_frames=9, **decode)
 
 
+# ``latents``: output "videos" with output_type="latent" (unpacked, de-normalized); the soundtrack is
+# output "audio" at the vocoder's ``output_sampling_rate`` (its latents: output "audio", output_type="latent")
+@builder(frames=(1, 9, 32, 32, 3), latents=(1, 8, 2, 4, 4), audio=LTX2_AUDIO)
 def ltx2_modular() -> tuple[Pipeline, MakeKwargs]:
     """LTX-2 text to video and sound, ``LTX2AutoBlocks`` (its ``text2video`` workflow; the prompt enhancer
     and the Gemma step dropped, the text connectors kept) in an ``LTX2ModularPipeline`` with
-    tests._pipelines_more's ltx2 models (``tiny_ltx2_video``): 32×32, 9 frames (given, so the duration head
-    is skipped) → ``videos`` [1, 9, 32, 32, 3] and ``audio`` [1, 2, 5280] float32 at 16 kHz (the vocoder's
-    ``output_sampling_rate``; the blocks have no sample-rate output).
+    :mod:`tests.pipelines.ltx`'s ltx2 models (``tiny_ltx2_video``): 32×32, 9 frames (given, so the duration
+    head is skipped) → ``videos`` [1, 9, 32, 32, 3] and ``audio`` [1, 2, 5280] float32 at 16 kHz (the
+    vocoder's ``output_sampling_rate``; the blocks have no sample-rate output).
 
     Call it ``pipe(**make_kwargs(), output_type="np", output=["videos", "audio"])``; the call also takes
     ``batch_size`` and ``dtype``, which the Gemma step would output. One ``vae.decode(latents, None,
@@ -328,8 +293,9 @@ def ltx2_modular() -> tuple[Pipeline, MakeKwargs]:
     return _ltx2_modular(timestep_conditioning=False)
 
 
+@builder(frames=(1, 9, 32, 32, 3), latents=(1, 8, 2, 4, 4), audio=LTX2_AUDIO)
 def ltx2_timestep_modular() -> tuple[Pipeline, MakeKwargs]:
-    """:func:`ltx2_modular` with tests._pipelines_more's timestep-conditioned VAE: the decode step mixes
+    """:func:`ltx2_modular` with :mod:`tests.pipelines.ltx`'s timestep-conditioned VAE: the decode step mixes
     noise from the call's generator into the normalized latents (``decode_noise_scale`` 0.025), then
     de-normalizes and calls ``vae.decode(latents, tensor([0.05]), return_dict=False)`` of [1, 8, 2, 4, 4];
     same shapes as ``ltx2_modular``."""
@@ -344,12 +310,12 @@ _ANIMATE2_SIZE = 16
 #: diffusers' tiny Wan-Animate-2 transformer (its transformer model tests)
 _ANIMATE2_TRANSFORMER: dict[str, Any] = {
     "patch_size": (1, 2, 2),
-    "text_len": _TEXT_TOKENS,
+    "text_len": TEXT_TOKENS,
     "in_dim": 16 + 4 + 16,  # noise, i2v mask, condition latents
     "dim": 128,
     "ffn_dim": 256,
     "freq_dim": 64,
-    "text_dim": _WAN_TEXT_DIM,
+    "text_dim": WAN_TEXT_DIM,
     "out_dim": 16,
     "num_heads": 4,
     "num_layers": 2,
@@ -372,12 +338,18 @@ def _animate2_prompt() -> dict[str, Any]:
     """What Wan-Animate-2's text encoder step outputs: prompt, negative-prompt and reference-prompt
     embeddings [1, 16, 32] (seeds 1, 2, 3)."""
     return {
-        **_prompt_pair(_WAN_TEXT_DIM)(),
-        "prompt_ref_embeds": _randn(1, _TEXT_TOKENS, _WAN_TEXT_DIM, seed=3),
+        **prompt_pair(WAN_TEXT_DIM)(),
+        "prompt_ref_embeds": randn(1, TEXT_TOKENS, WAN_TEXT_DIM, seed=3),
     }
 
 
-@functools.cache
+def _driving_video(kwargs: dict[str, Any]) -> None:
+    kwargs.setdefault("driving_video", noise_frames(kwargs.pop("num_frames"), _ANIMATE2_SIZE, seed=4))
+
+
+# no latent output (the segment decode sets "latents" to None): ``latents`` is the shape each segment
+# denoises, the reference image's slot and 3 latent frames
+@builder(frames=(1, 17, 16, 16, 3), latents=(1, 16, 4, 2, 2))
 def wan_animate2_modular() -> tuple[Pipeline, MakeKwargs]:
     """Wan-Animate-2 character animation, ``WanAnimate2Blocks`` in a ``WanAnimate2ModularPipeline``
     (diffusers' tiny transformer, a CLIP vision tower of width 1280, ``tiny_wan21``, classifier-free guidance
@@ -404,66 +376,109 @@ def wan_animate2_modular() -> tuple[Pipeline, MakeKwargs]:
     pipe = _modular(
         WanAnimate2ModularPipeline,
         WanAnimate2Blocks(),
-        transformer=_seeded(WanAnimate2Transformer3DModel, _ANIMATE2_TRANSFORMER),
+        transformer=seeded(WanAnimate2Transformer3DModel, _ANIMATE2_TRANSFORMER),
         vae=tiny_wan21(),
-        image_encoder=_seeded(CLIPVisionModel, {"config": CLIPVisionConfig(**_ANIMATE2_CLIP)}),
+        image_encoder=seeded(CLIPVisionModel, {"config": CLIPVisionConfig(**_ANIMATE2_CLIP)}),
         scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
         guider=ClassifierFreeGuidance(guidance_scale=3.0),
     )
-    fixed = {"segment_frame_length": 9, "prev_segment_conditioning_frames": 1, "num_frames": 17}
-    base = _image_kwargs(
-        _animate2_prompt, _ANIMATE2_SIZE, height=_ANIMATE2_SIZE, width=_ANIMATE2_SIZE, **fixed
+    make_kwargs = call_kwargs(
+        _animate2_prompt,
+        image=_ANIMATE2_SIZE,
+        finish=_driving_video,
+        height=_ANIMATE2_SIZE,
+        width=_ANIMATE2_SIZE,
+        segment_frame_length=9,
+        prev_segment_conditioning_frames=1,
+        num_frames=17,
     )
-
-    def make_kwargs(**overrides: Any) -> dict[str, Any]:
-        kwargs = base(**overrides)
-        frames = kwargs.pop("num_frames")
-        kwargs.setdefault("driving_video", _frames(frames, _ANIMATE2_SIZE, seed=4))
-        return kwargs
-
     return pipe, make_kwargs
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Index
+# MiniMax-H3 (MiniMaxH3Blocks): video and sound
 # ---------------------------------------------------------------------------------------------------------
 
-#: Builder name → builder; each builds its pipeline once per process (do not mutate what it returns).
-BUILDERS: dict[str, Builder] = {
-    "wan21_modular": wan21_modular,
-    "wan22_modular": wan22_modular,
-    "wan21_i2v_modular": wan21_i2v_modular,
-    "hunyuan_video15_modular": hunyuan_video15_modular,
-    "helios_modular": helios_modular,
-    "ltx2_modular": ltx2_modular,
-    "ltx2_timestep_modular": ltx2_timestep_modular,
-    "wan_animate2_modular": wan_animate2_modular,
+#: diffusers' tests/models/transformers MiniMax-H3 transformer, with tiny_minimax_h3's 4 latent channels
+#: and the audio VAE's 8.
+_MINIMAX_TRANSFORMER: dict[str, Any] = {
+    "num_attention_heads": 2,
+    "attention_head_dim": 16,
+    "hidden_size": 24,
+    "num_layers": 2,
+    "num_refiner_layers": 2,
+    "ffn_dim": 32,
+    "in_channels": 4,
+    "audio_in_channels": 8,
+    "patch_size": (1, 2, 2),
+    "text_dim": 8,  # the prompt embeddings' width
+    "freq_dim": 8,
+    "time_embed_hidden_dim": 24,
+    "time_embed_dim": 16,
+    "rope_freq_dim": 2,
+}
+#: diffusers' tests/models/autoencoders MiniMax-H3 audio VAE (a hop of 4 samples), at 160 Hz as the
+#: modular tests' tiny repository has it: the pipeline makes 40 audio latents a second whatever the VAE,
+#: so 160 Hz is the rate at which the soundtrack lasts as long as the video.
+_MINIMAX_AUDIO_VAE: dict[str, Any] = {
+    "encoder_dim": 4,
+    "encoder_rates": (2, 2),
+    "latent_dim": 32,
+    "latent_channels": 8,
+    "num_attention_heads": 2,
+    "decoder_dim": 16,
+    "decoder_rates": (2, 2),
+    "decoder_kernel_sizes": (4, 4),
+    "resblock_kernel_sizes": (3, 7),
+    "resblock_dilation_sizes": ((1, 3), (1, 3)),
+    # Metadata only in text-to-video+audio (the call makes 40 audio latents a second whatever it says): a
+    # rate AAC takes, so the soundtrack can be muxed; its 828 samples then last 0.05 s.
+    "sampling_rate": 16000,
+    "latents_mean": [0.0] * 8,
+    "latents_std": [1.0] * 8,
 }
 
-_WAN = Expected(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
-_LTX2 = Expected(frames=(1, 9, 32, 32, 3), latents=(1, 8, 2, 4, 4))
 
-#: Builder name → output shapes with the builder's default kwargs (``latents``: output "latents").
-EXPECTED: dict[str, Expected] = {
-    "wan21_modular": _WAN,
-    "wan22_modular": _WAN,
-    "wan21_i2v_modular": _WAN,
-    "hunyuan_video15_modular": Expected(frames=(1, 9, 16, 16, 3), latents=(1, 4, 3, 2, 2)),
-    # ``latents``: output "latents", the last chunk's (output "latent_chunks" is the list of both)
-    "helios_modular": Expected(frames=(1, 65, 16, 16, 3), latents=(1, 16, 9, 2, 2)),
-    # ``latents``: output "videos" with output_type="latent" (unpacked, de-normalized)
-    "ltx2_modular": _LTX2,
-    "ltx2_timestep_modular": _LTX2,
-    # no latent output (the segment decode sets "latents" to None): ``latents`` is the shape each segment
-    # denoises, the reference image's slot and 3 latent frames
-    "wan_animate2_modular": Expected(frames=(1, 17, 16, 16, 3), latents=(1, 16, 4, 2, 2)),
-}
+def _minimax_prompt() -> dict[str, Any]:
+    """What the blocks' text encoder step would output: embeddings [1, 16, 8] and a text tag a row."""
+    return {
+        "prompt_embeds": randn(1, TEXT_TOKENS, _MINIMAX_TRANSFORMER["text_dim"], seed=1),
+        "text_token_tags": torch.full((TEXT_TOKENS,), MINIMAX_H3_TEXT_TAG, dtype=torch.long),
+    }
 
-_LTX2_AUDIO = ExpectedAudio(shape=(1, 2, 5280), sample_rate=_LTX2_SAMPLE_RATE, latents=(1, 2, 9, 2))
 
-#: Builder name → its soundtrack with the builder's default kwargs: output "audio" at the vocoder's
-#: ``output_sampling_rate`` (``latents``: output "audio" with output_type="latent").
-AUDIO: dict[str, ExpectedAudio] = {
-    "ltx2_modular": _LTX2_AUDIO,
-    "ltx2_timestep_modular": _LTX2_AUDIO,
-}
+# no output_type="latent": ``frames`` is output "videos" (output_type="np"), ``latents`` output "latents";
+# the soundtrack is output "audio" at output "sampling_rate", its latents output "audio_latents"
+@builder(
+    frames=(1, 124, 16, 16, 3),
+    latents=(1, 4, 37, 4, 4),
+    audio=ExpectedAudio(shape=(1, 2, 828), sample_rate=160, latents=(2, 8, 207)),
+)
+def minimax_h3_modular() -> tuple[Pipeline, MakeKwargs]:
+    """MiniMax-H3's modular pipeline, text to video and audio (``t2va``): ``MiniMaxH3Blocks`` less its text
+    encoder step (the call passes ``prompt_embeds`` and ``text_token_tags``, which is what that step
+    outputs), in a ``MiniMaxH3ModularPipeline`` with ``tiny_minimax_h3`` (4 channels, 4× in space, clips of
+    17 frames), the tiny audio VAE, the two schedulers (shift 12 video, 3 audio) and a tiny transformer.
+
+    Call it ``pipe(**make_kwargs(), output_type="np", output=["videos", "audio", "sampling_rate"])`` (a
+    dict; ``output_type`` "np", "pt" or "pil", no "latent"). The model fixes 24 fps and 5 to 15 s, so the
+    shortest call, 16×16 and 124 frames (``17·7 + 5``; other counts are rounded up to the next such), gives
+    ``videos`` [1, 124, 16, 16, 3] in [0, 1], ``audio`` [1, 2, 828] float32 and ``sampling_rate`` 16000
+    (``pipe.audio_vae.config.sampling_rate``). ``num_inference_steps`` 2 is one transformer call (the
+    schedule counts its terminal 0); the model is guidance-distilled, there is no guidance scale.
+
+    One ``vae.decode(latents · latents_std + latents_mean, return_dict=False)`` of [1, 4, 37, 4, 4], its
+    ImageNet-normalized output mapped back (``· std + mean``) and clamped to [0, 1]; then one
+    ``audio_vae.decode`` of [2, 8, 207] (the stereo channels as a batch) → ``audio`` [1, 2, 207·4].
+    ``output=["latents", "audio_latents"]`` gives [1, 4, 37, 4, 4] and [2, 8, 207].
+    """
+    pipe = _modular(
+        MiniMaxH3ModularPipeline,
+        MiniMaxH3Blocks(),
+        transformer=seeded(MiniMaxH3Transformer3DModel, _MINIMAX_TRANSFORMER),
+        vae=tiny_minimax_h3(),
+        audio_vae=seeded(AutoencoderKLMiniMaxH3Audio, _MINIMAX_AUDIO_VAE),
+        scheduler=MiniMaxH3Scheduler(shift=12.0),
+        audio_scheduler=MiniMaxH3Scheduler(shift=3.0),
+    )
+    return pipe, call_kwargs(_minimax_prompt, height=16, width=16, num_frames=124)
