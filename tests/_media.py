@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
+from typing import Any, TypeVar
 
+import anyio
 import av
 import numpy as np
 import torch
+
+from streamvae import ChunkedVideoMP4Session, MP4ByteStream, MP4Piece
+
+T = TypeVar("T")
 
 #: x264 options under which its output is a function of its input alone: one thread, and no SIMD. Its
 #: assembly reads uninitialized padding of its own frame buffers when the width is not a multiple of 64
@@ -115,3 +122,29 @@ def count_frames(mp4: bytes | Path | str) -> int:
         return 0
     with av.open(io.BytesIO(mp4) if isinstance(mp4, bytes) else str(mp4)) as container:
         return sum(1 for _ in container.decode(video=0))
+
+
+async def streamed(
+    read: Callable[[MP4ByteStream], AsyncIterable[T]], chunks: Sequence[torch.Tensor], **options: Any
+) -> list[T]:
+    """What ``read`` yields from entry 0's stream of a session with ``options`` while ``chunks`` are pushed
+    and the session finished (60 s hang guard: a hang fails, this measures no speed)."""
+    items: list[T] = []
+    with anyio.fail_after(60):
+        async with ChunkedVideoMP4Session(**options) as session:
+            stream = session.open_stream(0)
+
+            async def produce() -> None:
+                for chunk in chunks:
+                    await session.push(chunk)
+                await session.finish()
+
+            session.start_producer(produce)
+            async for item in read(stream):
+                items.append(item)
+    return items
+
+
+async def written_pieces(chunks: Sequence[torch.Tensor], **options: Any) -> list[MP4Piece]:
+    """Entry 0's MP4 pieces, as the encoder hands them on, of a session with ``options`` pushed ``chunks``."""
+    return await streamed(MP4ByteStream.pieces, chunks, **options)

@@ -18,6 +18,7 @@ from streamvae._codec_options import (
     auto_video_codec,
     check_video_codec,
     merge_codec_options,
+    with_keyframe_cadence,
 )
 from streamvae._encode import EntryEncoder, open_entry_encoders
 from streamvae.testing import open_containers
@@ -218,6 +219,20 @@ def test_every_option_nvenc_gets_is_one_it_has(output: Any) -> None:
         check_video_codec("h264_nvenc", auto_codec_options("h264_nvenc", {"preset": preset}, output))
     encoder = EntryEncoder(fps=Fraction(16), video_codec="h264_nvenc", keyframe_interval=16, output=output)
     check_video_codec("h264_nvenc", encoder.codec_options)
+
+
+@pytest.mark.parametrize("output", ["mp4", "fragmented"])
+def test_nvenc_holds_keyframe_interval_with_an_idr_every_n_frames_and_none_at_a_scene_cut(
+    output: Any,
+) -> None:
+    # No NVENC here: what is checked is the translation, and that every option is one h264_nvenc has.
+    cadence = {"g": "8", "no-scenecut": "1", "forced-idr": "1"}
+    named = EntryEncoder(fps=Fraction(16), video_codec="h264_nvenc", keyframe_interval=8, output=output)
+    assert named.codec_options.items() >= cadence.items()
+    check_video_codec("h264_nvenc", named.codec_options)
+    auto = with_keyframe_cadence("h264_nvenc", auto_codec_options("h264_nvenc", {"g": "8"}, output), 8)
+    assert auto == auto_codec_options("h264_nvenc", {}, output) | cadence
+    check_video_codec("h264_nvenc", auto)
 
 
 def test_the_preset_table_keeps_x264s_order_of_speed() -> None:

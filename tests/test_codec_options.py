@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from streamvae import ChunkedVideoMP4Session, SessionOptions
-from streamvae._codec_options import ENCODER_PIXEL_FORMAT, check_video_codec
+from streamvae._codec_options import (
+    ENCODER_PIXEL_FORMAT,
+    VIDEO_RUNGS,
+    check_video_codec,
+    merge_codec_options,
+    with_keyframe_cadence,
+)
 from streamvae._encode import EntryEncoder
 from streamvae.testing import open_containers
 
@@ -107,3 +113,48 @@ def test_every_encoder_is_fed_yuv420p_frames_from_either_pixel_format() -> None:
         encoder.encode(frames)
         with av.open(io.BytesIO(encoder.finish()[0].data)) as container:
             assert container.streams.video[0].codec_context.pix_fmt == ENCODER_PIXEL_FORMAT
+
+
+# -- keyframe_interval: one cadence, in each encoder's terms --
+
+
+@pytest.mark.parametrize("codec", [*(rung.name for rung in VIDEO_RUNGS), "libx265"])
+def test_every_rungs_cadence_is_made_of_options_it_has(codec: str) -> None:
+    needs_encoder(codec)
+    for output in ("mp4", "fragmented"):
+        options = with_keyframe_cadence(codec, merge_codec_options(codec, {}, output), 8)
+        check_video_codec(codec, options)
+        assert options["g"] == "8"
+
+
+def test_the_cadence_replaces_what_would_add_keyframes_and_merges_into_parameter_lists() -> None:
+    # A scene-cut threshold of the user's would bring keyframes at cuts back: the cadence replaces it.
+    x264 = with_keyframe_cadence("libx264", {"sc_threshold": "40", "crf": "20"}, 8)
+    assert x264 == {"sc_threshold": "0", "crf": "20", "g": "8", "keyint_min": "8"}
+    # In svtav1-params and x265-params only the keys it names: the user's others (and lp, rtc) stay.
+    svt = with_keyframe_cadence("libsvtav1", {"svtav1-params": "lp=2:keyint=3:tune=0"}, 8)
+    assert svt["svtav1-params"] == "lp=2:keyint=8:tune=0:scd=0"
+    x265 = with_keyframe_cadence("libx265", {"x265-params": "ref=1:scenecut=40"}, 8)
+    assert x265["x265-params"] == "ref=1:scenecut=0:open-gop=0"
+    # A g of the user's own sets the interval (0: every frame); one that is no plain number does not.
+    assert with_keyframe_cadence("libvpx-vp9", {"g": "4"}, 8) == {"g": "4", "keyint_min": "4"}
+    assert with_keyframe_cadence("libvpx-vp9", {"g": "0"}, 8) == {"g": "1", "keyint_min": "1"}
+    assert with_keyframe_cadence("libvpx-vp9", {"g": "4x"}, 8) == {"g": "8", "keyint_min": "8"}
+    # An encoder without a rung gets the GOP alone.
+    assert with_keyframe_cadence("mpeg4", {"qscale": "3"}, 8) == {"qscale": "3", "g": "8"}
+
+
+def test_keyframe_interval_reaches_a_named_encoder_and_an_encoder_without_a_rung() -> None:
+    named = EntryEncoder(fps=Fraction(16), video_codec="libvpx-vp9", keyframe_interval=5)
+    assert named.codec_options["g"] == named.codec_options["keyint_min"] == "5"
+    frames = np.random.default_rng(1).integers(0, 256, (11, 32, 48, 3), dtype=np.uint8)
+    for codec in ("libvpx-vp9", "mpeg4"):
+        needs_encoder(codec)
+        encoder = EntryEncoder(fps=Fraction(16), video_codec=codec, keyframe_interval=5)
+        encoder.encode(frames)
+        with av.open(io.BytesIO(encoder.finish()[0].data)) as container:
+            keyframes = [i for i, frame in enumerate(container.decode(video=0)) if frame.key_frame]
+        if codec == "mpeg4":  # no rung: the GOP holds, and noise is a scene cut at every frame to it
+            assert {0, 5, 10} <= set(keyframes)
+        else:
+            assert keyframes == [0, 5, 10]

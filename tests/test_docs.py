@@ -65,6 +65,7 @@ SLOW_PAGES = {
     "docs/distributed.md",
     "docs/guides/cli.md",
     "docs/guides/many-gpus.md",
+    "docs/guides/many-viewers.md",
     "docs/guides/realtime.md",
     "docs/guides/serve.md",
 }

@@ -44,7 +44,7 @@ from streamvae.cli import main
 from streamvae.server import create_app
 from streamvae.testing import open_containers
 from tests._absent_encoders import NO_GPL_NO_AAC, absent_encoders, child_environment
-from tests._media import moving_pattern, psnr, read_mp4, to_rgb_uint8, wan_like_chunks
+from tests._media import moving_pattern, psnr, read_mp4, to_rgb_uint8, wan_like_chunks, written_pieces
 from tests._server import running_server
 
 #: the ladder's encoders, in the order video_codec="auto" climbs them
@@ -332,6 +332,59 @@ def test_the_neutral_options_mean_on_each_rung_what_they_mean_on_x264(rung: str)
     assert sizes_and_keyframes(rung, {"g": "16"})[1] == [True, False, False, False, False]
     finer, coarser = sizes_and_keyframes(rung, {"crf": "10"})[0], sizes_and_keyframes(rung, {"crf": "40"})[0]
     assert finer > coarser  # a lower crf is finer, as on x264
+
+
+#: keyframe_interval's cadence: a clip of 33 frames with a hard cut to another picture at frame 13, which
+#: is no multiple of the interval 8 (an encoder left to itself puts a keyframe there)
+INTERVAL, CLIP, CUT = 8, 33, 13
+
+
+def scene_cut_clip() -> torch.Tensor:
+    """``CLIP`` frames [1, 3, T, SIZE, SIZE] in [-1, 1]: a moving pattern, then from ``CUT`` still bars."""
+    before = moving_pattern(0, CUT, height=SIZE, width=SIZE)
+    bars = torch.where(torch.arange(SIZE) // 8 % 2 == 0, 0.9, -0.9) * torch.tensor([1, -1, 0.3])[:, None]
+    after = bars[None, :, None, None, :].expand(1, 3, CLIP - CUT, SIZE, SIZE)
+    return torch.cat([before, after], dim=2).contiguous()
+
+
+def decoded_keyframes(data: bytes) -> list[int]:
+    """The indices of the frames PyAV decodes as keyframes."""
+    with av.open(io.BytesIO(data)) as container:
+        return [index for index, frame in enumerate(container.decode(video=0)) if frame.key_frame]
+
+
+def test_left_to_itself_x264_puts_a_keyframe_at_the_cut() -> None:
+    # What the cadence must overcome: the clip's cut is one x264 sees (a GOP of 8 alone restarts there), so
+    # a cadence that holds below is not the clip's doing.
+    encoder = EntryEncoder(fps=Fraction(FPS), video_codec_options={"g": str(INTERVAL)})
+    encoder.encode(np.ascontiguousarray(to_rgb_uint8(scene_cut_clip())[0]))
+    (piece,) = encoder.finish()
+    assert CUT in decoded_keyframes(piece.data)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("rung", ["libx264", "libsvtav1", "libvpx-vp9"])
+async def test_keyframe_interval_puts_a_keyframe_exactly_every_n_frames_scene_cuts_included(
+    rung: str,
+) -> None:
+    clip = scene_cut_clip()
+    groups = [clip[:, :, start : start + 4] for start in range(0, CLIP, 4)]
+    pieces = await written_pieces(
+        groups,
+        value_range=(-1, 1),
+        fps=FPS,
+        video_codec=rung,
+        output="fragmented",
+        keyframe_interval=INTERVAL,
+        fragment_frames=4,
+    )
+    keyframes = decoded_keyframes(b"".join(piece.data for piece in pieces))
+    assert keyframes == list(range(0, CLIP, INTERVAL))  # 0, 8, 16, 24, 32: none at the cut
+    # Each piece says whether its first frame is one (what a playlist marks INDEPENDENT).
+    video = [piece for piece in pieces if piece.frames]
+    starts = [piece.frames_until - piece.frames for piece in video]
+    assert [piece.keyframe for piece in video] == [start in keyframes for start in starts]
+    assert sum(piece.keyframe for piece in video) == len(keyframes) and not pieces[-1].keyframe  # the mfra
 
 
 def test_a_named_rung_takes_its_own_options_over_its_low_latency_defaults() -> None:

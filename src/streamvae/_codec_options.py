@@ -3,11 +3,12 @@
 
 Each video encoder streamvae knows more of than FFmpeg's defaults is one :class:`Rung` record: its name,
 how the codec-neutral options (``crf`` on x264's 0–51, an x264 ``preset``, ``threads``, ``g``) read in its
-own terms, whether it looks ahead, and the codec string its MP4 carries. :data:`VIDEO_RUNGS` is the ladder,
-in the order ``"auto"`` climbs it; a new rung is one record there, and every default, translation, error
-message and probe follows from it. Everything here is decided before an encoder opens (``SessionOptions``
-checks with it); ``_encode`` opens the container and the codec with it, and climbs the ladder when an open
-fails.
+own terms, how it is held to a keyframe cadence (``keyframe_interval``: a keyframe exactly every N frames,
+none at scene cuts), whether it looks ahead, and the codec string its MP4 carries. :data:`VIDEO_RUNGS` is
+the ladder, in the order ``"auto"`` climbs it; a new rung is one record there, and every default,
+translation, error message and probe follows from it. Everything here is decided before an encoder opens
+(``SessionOptions`` checks with it); ``_encode`` opens the container and the codec with it, and climbs the
+ladder when an open fails.
 
 The ladder exists because FFmpeg builds differ: one without GPL parts (a licence-conscious image,
 conda-forge's LGPL build) has no libx264 or libx265, some runtime images removed software H.264, H.265 and
@@ -56,6 +57,7 @@ __all__ = [
     "encode_failure",
     "merge_codec_options",
     "video_rung",
+    "with_keyframe_cadence",
 ]
 
 #: ``"mp4"``: one complete MP4 with the moov at the front, available at the end.
@@ -387,6 +389,9 @@ class Rung:
     #: the codec-neutral options (``crf`` and ``preset`` given, ``threads`` and ``g`` when set) in its own
     #: terms, for an output kind (its own low-latency mode included; a look-ahead one's is :meth:`options`')
     translate: Callable[[Mapping[str, str], OutputKind], dict[str, str]]
+    #: the options that give it a keyframe (IDR: a sync sample) exactly every N frames and nowhere else,
+    #: scene cuts included: what ``keyframe_interval`` N means on every rung (:func:`with_keyframe_cadence`)
+    cadence: Callable[[int], dict[str, str]]
     #: it looks ahead and reorders frames unless its ``tune`` is zerolatency (set for fragmented output)
     lookahead: bool
     #: the start of the RFC 6381 codec string its MP4 carries (``avc1``); None: one streamvae does not read
@@ -446,6 +451,69 @@ def _as_vp9(neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
     return options | _given(threads=neutral.get("threads"), g=neutral.get("g"))
 
 
+def _x264_cadence(interval: int) -> dict[str, str]:
+    """libx264: ``g`` (its keyint) and ``keyint_min`` both N, and ``sc_threshold=0``: no keyframe at a scene
+    cut (x264's scenecut otherwise starts a new GOP there, and the cadence after it shifts)."""
+    return {"g": str(interval), "keyint_min": str(interval), "sc_threshold": "0"}
+
+
+def _x265_cadence(interval: int) -> dict[str, str]:
+    """libx265: ``g`` and ``keyint_min`` N, and in its ``x265-params`` ``scenecut=0`` and ``open-gop=0``
+    (x265 opens GOPs by default: a CRA keyframe whose next frames need the GOP before it to decode)."""
+    return {"g": str(interval), "keyint_min": str(interval), "x265-params": "scenecut=0:open-gop=0"}
+
+
+def _nvenc_cadence(interval: int) -> dict[str, str]:
+    """h264_nvenc: ``g`` N (FFmpeg makes its IDR period the GOP length), ``no-scenecut=1`` (no adaptive I
+    frame at a scene cut) and ``forced-idr=1`` (a keyframe asked for is an IDR, never a plain I frame)."""
+    return {"g": str(interval), "no-scenecut": "1", "forced-idr": "1"}
+
+
+def _svtav1_cadence(interval: int) -> dict[str, str]:
+    """libsvtav1: ``g`` N and, in its ``svtav1-params``, ``keyint`` N (which SVT-AV1 reads over ``g``) and
+    ``scd=0`` (scene change detection off; SVT-AV1 2.x puts no keyframe at a cut even with it on, but its
+    forks and older versions do)."""
+    return {"g": str(interval), "svtav1-params": f"keyint={interval}:scd=0"}
+
+
+def _vp9_cadence(interval: int) -> dict[str, str]:
+    """libvpx-vp9: ``g`` and ``keyint_min`` N: FFmpeg sets libvpx's ``kf_min_dist`` only when it equals the
+    GOP size, and libvpx then places keyframes at a fixed distance (no automatic one at a cut)."""
+    return {"g": str(interval), "keyint_min": str(interval)}
+
+
+#: Options whose value is a ``key=value:key=value`` list of the encoder's own parameters: a cadence merges
+#: its parameters into the list, replacing only the keys it names.
+_PARAMETER_LISTS = ("svtav1-params", "x265-params")
+
+
+def with_keyframe_cadence(codec: str, options: Mapping[str, str], keyframe_interval: int) -> dict[str, str]:
+    """``options`` (an encoder's, merged and translated) with ``codec``'s :attr:`Rung.cadence`: a keyframe
+    exactly every N frames and nowhere else, scene cuts included. N is ``options``' ``g`` where it is plain
+    digits (a ``g`` of the user's own: 0 reads as 1, every frame), else ``keyframe_interval``.
+
+    The cadence's options replace the same-named ones in ``options`` (a ``sc_threshold`` of the user's
+    would bring keyframes at scene cuts back); in ``svtav1-params`` and ``x265-params`` only the keys it
+    names. An encoder without a rung gets ``g`` N alone: what it does at a scene cut is its own.
+    """
+    given = options.get("g")
+    interval = max(1, int(given)) if given is not None and _is_c_int_digits(given) else keyframe_interval
+    rung = video_rung(codec)
+    cadence = {"g": str(interval)} if rung is None else rung.cadence(interval)
+    merged = dict(options)
+    for name, value in cadence.items():
+        given = options.get(name) if name in _PARAMETER_LISTS else None
+        merged[name] = value if not given else _merged_parameters(given, value)
+    return merged
+
+
+def _merged_parameters(parameters: str, overrides: str) -> str:
+    """The ``key=value:...`` list ``parameters`` with the keys of ``overrides`` set to its values."""
+    items = dict(item.partition("=")[::2] for item in parameters.split(":") if item)
+    items.update(item.partition("=")[::2] for item in overrides.split(":"))
+    return ":".join(f"{key}={value}" if value else key for key, value in items.items())
+
+
 def _given(**options: str | None) -> dict[str, str]:
     """The options that have a value."""
     return {name: value for name, value in options.items() if value is not None}
@@ -455,13 +523,14 @@ def _given(**options: str | None) -> dict[str, str]:
 #: defaults when named), then x264, then the two that builds without GPL parts keep (SVT-AV1, libvpx's VP9).
 #: Every one writes MP4 a browser plays.
 VIDEO_RUNGS = (
-    Rung("h264_nvenc", _as_nvenc, lookahead=False, codecs="avc1", named_defaults=False),
-    Rung("libx264", _as_x264, lookahead=True, codecs="avc1", copies_frames=True),
-    Rung("libsvtav1", _as_svtav1, lookahead=False, codecs="av01"),
-    Rung("libvpx-vp9", _as_vp9, lookahead=False, codecs="vp09"),
+    Rung("h264_nvenc", _as_nvenc, _nvenc_cadence, lookahead=False, codecs="avc1", named_defaults=False),
+    Rung("libx264", _as_x264, _x264_cadence, lookahead=True, codecs="avc1", copies_frames=True),
+    Rung("libsvtav1", _as_svtav1, _svtav1_cadence, lookahead=False, codecs="av01"),
+    Rung("libvpx-vp9", _as_vp9, _vp9_cadence, lookahead=False, codecs="vp09"),
 )
-#: Configured as libx264 is, and never climbed to: few browsers play HEVC from MP4.
-_LIBX265 = Rung("libx265", _as_x264, lookahead=True, codecs=None, copies_frames=True)
+#: Configured as libx264 is (its cadence in x265's terms), and never climbed to: few browsers play HEVC
+#: from MP4.
+_LIBX265 = Rung("libx265", _as_x264, _x265_cadence, lookahead=True, codecs=None, copies_frames=True)
 _RUNGS = {rung.name: rung for rung in (*VIDEO_RUNGS, _LIBX265)}
 #: the ladder as messages name it
 _LADDER_NAMES = ", ".join(rung.name for rung in VIDEO_RUNGS)

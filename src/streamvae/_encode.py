@@ -42,6 +42,7 @@ from streamvae._codec_options import (
     encode_failure,
     merge_codec_options,
     video_rung,
+    with_keyframe_cadence,
 )
 from streamvae._errors import NoEncoderError
 from streamvae._fragments import FragmentCutter, MP4Piece, codec_string
@@ -162,7 +163,8 @@ class FaststartTarget:
     """A plain MP4 (``output="mp4"``): written into memory, the moov moved to the front when the trailer is
     written, and handed on whole, one piece, at the end (it is only complete once the moov is written)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fps: Fraction) -> None:
+        self._fps = fps
         self._memory = io.BytesIO()
 
     def muxer_options(self) -> dict[str, str]:
@@ -178,13 +180,15 @@ class FaststartTarget:
 
     def finish(self, frames: int) -> tuple[bytes, list[MP4Piece]]:
         data = self._memory.getvalue()
-        return data, [MP4Piece(data, frames, frames, codec_string(data))]
+        # Every frame lasts one frame (the encoder's packets say so), and an MP4 starts at a keyframe.
+        piece = MP4Piece(data, frames, frames, codec_string(data), frames > 0, frames / self._fps)
+        return data, [piece]
 
 
 def _target(output: OutputKind, fps: Fraction, fragment_frames: int) -> OutputTarget:
     if output == "fragmented":
         return FragmentedTarget(fps, fragment_frames)
-    return FaststartTarget()
+    return FaststartTarget(fps)
 
 
 def faststart_io_open(memory: io.BytesIO) -> Callable[[str, int, object], io.BytesIO]:
@@ -311,6 +315,10 @@ class EntryEncoder:
     writes it when the next packet arrives, so the pieces :meth:`encode` returns hold every frame before
     the first one it was given. :attr:`frames_out` counts the frames the returned pieces hold.
 
+    ``keyframe_interval`` N: a keyframe exactly every N frames and nowhere else, scene cuts included, on
+    every rung (its cadence options, :func:`with_keyframe_cadence`; a ``g`` among the codec options sets N
+    instead). Without it, the encoder's own placement (x264 adds keyframes at scene cuts).
+
     ``video_codec="auto"``: the first rung of ``_codec_options.VIDEO_RUNGS`` (the rung table) whose probe
     encodes and whose open here succeeds, with the codec-neutral options translated for it
     (:func:`auto_codec_options`); :class:`NoEncoderError`, naming every rung, if none opens.
@@ -339,6 +347,7 @@ class EntryEncoder:
         self.video_codec = video_codec
         self.output = output
         self._requested_options = dict(video_codec_options or {})
+        self._keyframe_interval = keyframe_interval
         if keyframe_interval is not None:
             self._requested_options.setdefault("g", str(keyframe_interval))
         #: the options the video encoder opened with (under "auto": set once it opened)
@@ -374,8 +383,12 @@ class EntryEncoder:
 
     def _options_for(self, codec: str) -> dict[str, str]:
         if self.video_codec == "auto":
-            return auto_codec_options(codec, self._requested_options, self.output)
-        return merge_codec_options(codec, self._requested_options, self.output)
+            options = auto_codec_options(codec, self._requested_options, self.output)
+        else:
+            options = merge_codec_options(codec, self._requested_options, self.output)
+        if self._keyframe_interval is None:
+            return options
+        return with_keyframe_cadence(codec, options, self._keyframe_interval)  # every rung, scene cuts too
 
     def frame_size(self, shape: Sequence[int]) -> tuple[int, int]:
         """(height, width) of frames whose arrays have ``shape`` (one frame's, as :meth:`encode` takes)."""

@@ -9,7 +9,8 @@ them all, as httpx's ``_exceptions.py`` does::
     ├── UnreadStreamError   streamvae (RuntimeError): a reader waits on another entry's unread stream
     ├── NoEncoderError      streamvae (RuntimeError): no rung of an encoder ladder opens
     ├── PeerDecodeError     streamvae.distributed (RuntimeError): a peer rank stopped the decode
-    └── ReaderStalledError  streamvae.server (TimeoutError): a reader took nothing for stall_timeout
+    ├── ReaderStalledError  streamvae.server (TimeoutError): a reader took nothing for stall_timeout
+    └── ViewerCutOffError   streamvae.server (RuntimeError): a broadcast's viewer fell behind its buffer
 
 ``except StreamVAEError`` catches what the library itself decided, and leaves PyAV's, torch's and the
 operating system's errors to their own handlers. Each also derives from the built-in base that says what
@@ -37,6 +38,7 @@ __all__ = [
     "SessionClosedError",
     "StreamVAEError",
     "UnreadStreamError",
+    "ViewerCutOffError",
     "describe_first_cause",
 ]
 
@@ -162,3 +164,24 @@ class PeerDecodeError(StreamVAEError, RuntimeError):
         self.chunk = chunk  #: how many chunks had been published when the decode stopped
         self.output_error = output_error  #: "ErrorType: message" of the stopping rank's error (truncated)
         self.rank = rank  #: the group rank that stopped the decode (None: the output rank)
+
+
+class ViewerCutOffError(StreamVAEError, RuntimeError):
+    """A viewer of a :class:`streamvae.server.Broadcast` left more than its buffer of pieces unread, and was
+    cut off: its iteration raises this, and the generation and the other viewers go on without it.
+
+    A viewer that reads one continuous MP4 cannot skip ahead (a gap stalls a Media Source player), so a
+    slow one ends cleanly instead of slowing everyone; a client can join again, at the newest keyframe.
+    """
+
+    __module__ = "streamvae.server"  # where users import it from, as @public does for streamvae's names
+
+    def __init__(self, buffer: int) -> None:
+        super().__init__(
+            f"this viewer left more than its buffer of {buffer} pieces unread and was cut off; the "
+            "generation went on without it"
+        )
+        self.buffer = buffer  #: the pieces the viewer could leave unread
+
+    def __reduce__(self) -> tuple[type[ViewerCutOffError], tuple[int]]:
+        return type(self), (self.buffer,)

@@ -1,19 +1,28 @@
-"""MP4 pieces: a fragmented MP4 cut, as it is written, into whole fragments that know their frames.
+"""MP4 pieces: a fragmented MP4 cut, as it is written, into whole fragments that know what a player needs.
 
 The mov muxer keeps a frame until it closes the fragment that holds it, so "frames encoded" is not "frames
 out", and the bytes it writes end wherever its last write did. :class:`FragmentCutter` reads the box
 headers of the muxer's output once, as it comes, and cuts it after every fragment's ``mdat``: each
-:class:`MP4Piece` is whole top-level boxes, and says how many video frames it lets a player show. The
-encoder hands these pieces on to every consumer — the sinks, a byte stream's reader, a WebSocket client,
-a pacer — so nobody parses the boxes a second time. The piece that holds the ``moov`` (the init segment)
-also carries its tracks' RFC 6381 codec string (:func:`codec_string`), which a ``Content-Type`` and a
-Media Source buffer need (``avc1.64001f, mp4a.40.2``; ``av01.0.04M.08, opus``).
+:class:`MP4Piece` is whole top-level boxes, and says what a player (a Media Source buffer, a Low-Latency
+HLS playlist) needs of it: how many video frames it lets a player show, whether its fragment starts with a
+keyframe (a sync sample: a player can start there), its video's media duration, and, on the piece that
+holds the ``moov``, where the init segment (``ftyp`` + ``moov``) ends and its tracks' RFC 6381 codec
+string (:func:`codec_string`), which a ``Content-Type`` and a Media Source buffer need (``avc1.64001f,
+mp4a.40.2``; ``av01.0.04M.08, opus``). The encoder hands these pieces on to every consumer — the sinks, a
+byte stream's reader, a WebSocket client, a pacer, a broadcast's viewers — so nobody parses the boxes a
+second time.
+
+What is read, and from where (ISO/IEC 14496-12): the video track's timescale from its ``mdhd`` and its
+fragment defaults from the ``trex`` in the ``moov``'s ``mvex``; in each ``moof``, the video ``traf``'s
+``tfhd`` (defaults that override the ``trex``'s) and ``trun`` boxes (sample count, each sample's duration
+and flags where present, the first sample's flags). A sample's flags carry ``sample_is_non_sync_sample``.
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from fractions import Fraction
 
 from streamvae._public import public
 
@@ -23,6 +32,10 @@ _HEADER = struct.Struct(">I4s")
 _LARGE_SIZE = struct.Struct(">Q")
 #: the track of the video: streamvae adds the video stream first, so the muxer numbers it 1
 _VIDEO_TRACK = 1
+_U32 = struct.Struct(">I")
+#: ``sample_is_non_sync_sample`` in a sample's flags (ISO/IEC 14496-12 8.8.3.1): set on every frame a
+#: decoder cannot start at
+_NON_SYNC_SAMPLE = 0x0001_0000
 
 
 @public
@@ -31,8 +44,12 @@ class MP4Piece:
     """A piece of an entry's MP4 as the encoder hands it on: whole top-level boxes.
 
     Fragmented output: each piece ends right after a fragment's ``mdat`` (the first also holds the
-    ``ftyp`` and ``moov`` before it; the last may be the ``mfra`` alone, 0 frames). A plain MP4 is one
-    piece, the whole file. The concatenation of an entry's pieces is its MP4, byte for byte.
+    ``ftyp`` and ``moov`` before it, :attr:`init_size` bytes; the last may be the ``mfra`` alone: 0 frames,
+    no keyframe, no duration). A plain MP4 is one piece, the whole file (its moov is no init segment:
+    :attr:`init_size` 0). The concatenation of an entry's pieces is its MP4, byte for byte.
+
+    What each field says of a fragment is read from its boxes as the cutter walks them: a player's
+    segment can start at a piece with :attr:`keyframe`, and a playlist lists :attr:`duration` for it.
     """
 
     #: the bytes: whole top-level boxes
@@ -44,6 +61,34 @@ class MP4Piece:
     #: the piece that holds the ``moov``: its tracks' RFC 6381 codec string, video first
     #: (``"avc1.64001f, mp4a.40.2"``); None on every other piece, or for a codec it does not know
     codecs: str | None = None
+    #: its fragment's first video sample is a sync sample (a keyframe: a player can start there); False
+    #: for a piece without video frames (the ``mfra``). A plain MP4: True (it starts at a keyframe)
+    keyframe: bool = False
+    #: the media duration of its video samples, in seconds (their durations over the video track's
+    #: timescale); 0 for a piece without video frames
+    duration: Fraction = Fraction(0)
+    #: bytes at the start of :attr:`data` that are the init segment (``ftyp`` + ``moov``): non-zero only on
+    #: the fragmented piece that holds the ``moov``, whose ``data[init_size:]`` is its first fragment
+    init_size: int = 0
+
+
+@dataclass(frozen=True)
+class _VideoTrack:
+    """What the ``moov`` says of the video track that its fragments need: the timescale of their
+    durations, and the ``trex`` defaults a ``tfhd`` or ``trun`` that names no value falls back on."""
+
+    timescale: int
+    default_duration: int = 0
+    default_flags: int = 0
+
+
+@dataclass(frozen=True)
+class _Fragment:
+    """What a ``moof`` says of its video samples."""
+
+    samples: int = 0
+    ticks: int = 0  # the sum of their durations, in the track's timescale
+    keyframe: bool = False  # its first video sample is a sync sample
 
 
 class FragmentCutter:
@@ -51,7 +96,7 @@ class FragmentCutter:
 
     Only what is not yet a whole fragment is held (the muxer writes a fragment in one go, so between the
     encoder's calls that is little or nothing). The video is track 1; an audio track's samples are not
-    frames.
+    frames, and count in no piece's :attr:`~MP4Piece.duration` or :attr:`~MP4Piece.keyframe`.
     """
 
     def __init__(self) -> None:
@@ -62,8 +107,10 @@ class FragmentCutter:
         self._buffer = bytearray()
         self._cut_bytes = 0  # bytes of the file before the buffer (handed on in pieces)
         self._scanned = 0  # bytes at the front of the buffer that are whole boxes
-        self._pending = 0  # video samples of the last moof, counted once its mdat is whole
+        self._pending = _Fragment()  # the last moof's video samples, counted once its mdat is whole
         self._codecs: str | None = None  # the moov's codec string, for the piece that holds it
+        self._init_size = 0  # where the moov ends in the buffer, for the piece that holds it
+        self._video: _VideoTrack | None = None  # from the moov
 
     def feed(self, data: bytes) -> list[MP4Piece]:
         """Read the next ``data`` of the file; the pieces it completes (maybe none)."""
@@ -75,21 +122,24 @@ class FragmentCutter:
                 return pieces
             kind, size = box
             if kind == b"moof":
-                self._pending = _video_samples(bytes(self._buffer[self._scanned : self._scanned + size]))
+                moof = bytes(self._buffer[self._scanned : self._scanned + size])
+                self._pending = _video_fragment(moof, self._video)
             elif kind == b"moov":
-                self._codecs = _moov_codecs(bytes(self._buffer[self._scanned : self._scanned + size]))
+                moov = bytes(self._buffer[self._scanned : self._scanned + size])
+                self._codecs, self._video = _moov_codecs(moov), _video_track(moov)
+                self._init_size = self._scanned + size
             self._scanned += size
             if kind == b"mdat":
                 self.fragments += 1
                 pieces.append(self._cut(self._pending))
-                self._pending = 0
+                self._pending = _Fragment()
 
     def rest(self) -> MP4Piece | None:
         """What is left once the file is complete (the ``mfra``: 0 frames), or None if nothing is."""
         if not self._buffer:
             return None
         self._scanned = len(self._buffer)
-        return self._cut(0)
+        return self._cut(_Fragment())
 
     def _next_box(self) -> tuple[bytes, int] | None:
         """The type and size of the box after the scanned ones, if it is all in the buffer."""
@@ -110,31 +160,123 @@ class FragmentCutter:
             )
         return (bytes(kind), int(size)) if size <= available else None
 
-    def _cut(self, frames: int) -> MP4Piece:
+    def _cut(self, fragment: _Fragment) -> MP4Piece:
         data = bytes(self._buffer[: self._scanned])
         del self._buffer[: self._scanned]
         self._cut_bytes += self._scanned
         self._scanned = 0
-        self.samples += frames
+        self.samples += fragment.samples
         codecs, self._codecs = self._codecs, None
-        return MP4Piece(data, frames, self.samples, codecs)
+        init_size, self._init_size = self._init_size, 0
+        timescale = 1 if self._video is None else self._video.timescale
+        duration = Fraction(fragment.ticks, timescale)
+        return MP4Piece(data, fragment.samples, self.samples, codecs, fragment.keyframe, duration, init_size)
 
 
-def _video_samples(moof: bytes) -> int:
-    """The video track's samples listed by the track runs (``trun``) of its fragments in ``moof``."""
-    count = 0
+# -- the boxes of the video track --
+
+
+def _video_track(moov: bytes) -> _VideoTrack | None:
+    """The video track's timescale (trak/mdia/mdhd) and fragment defaults (mvex/trex); None without one."""
+    timescale, defaults = None, (0, 0)
+    for kind, span in _children(moov, _HEADER.size, len(moov)):
+        if kind == b"trak" and _track_id(moov, span) == _VIDEO_TRACK:
+            timescale = _timescale(moov, span)
+        elif kind == b"mvex":
+            for child, (body, end) in _children(moov, *span):
+                # trex: version and flags, track, sample description index, then the defaults
+                if (
+                    child == b"trex"
+                    and end - body >= 24
+                    and _U32.unpack_from(moov, body + 4)[0] == _VIDEO_TRACK
+                ):
+                    defaults = (_U32.unpack_from(moov, body + 12)[0], _U32.unpack_from(moov, body + 20)[0])
+    return None if not timescale else _VideoTrack(timescale, *defaults)
+
+
+def _track_id(moov: bytes, trak: tuple[int, int]) -> int | None:
+    """A track's id, from its ``tkhd`` (after version 1's 64-bit times or version 0's 32-bit ones)."""
+    for kind, (body, end) in _children(moov, *trak):
+        if kind == b"tkhd" and end - body >= 24:
+            return int(_U32.unpack_from(moov, body + (20 if moov[body] == 1 else 12))[0])
+    return None
+
+
+def _timescale(moov: bytes, trak: tuple[int, int]) -> int | None:
+    """The units per second of a track's sample durations, from its ``mdhd``."""
+    for kind, mdia in _children(moov, *trak):
+        if kind != b"mdia":
+            continue
+        for child, (body, end) in _children(moov, *mdia):
+            if child == b"mdhd" and end - body >= 24:
+                return int(_U32.unpack_from(moov, body + (20 if moov[body] == 1 else 12))[0])
+    return None
+
+
+#: tfhd's flags (8.8.7): which optional fields follow its track id, each with its size
+_TFHD_FIELDS = ((0x01, 8), (0x02, 4), (0x08, 4), (0x10, 4), (0x20, 4))
+_TFHD_DURATION, _TFHD_FLAGS = 0x08, 0x20
+#: trun's flags (8.8.8): a data offset and the first sample's flags, then per sample its duration, size,
+#: flags and composition time offset (4 bytes each, where present)
+_TRUN_DATA_OFFSET, _TRUN_FIRST_FLAGS = 0x001, 0x004
+_TRUN_DURATION, _TRUN_SIZE, _TRUN_FLAGS, _TRUN_TIME_OFFSET = 0x100, 0x200, 0x400, 0x800
+_TRUN_SAMPLE_FIELDS = (_TRUN_DURATION, _TRUN_SIZE, _TRUN_FLAGS, _TRUN_TIME_OFFSET)
+
+
+def _video_fragment(moof: bytes, video: _VideoTrack | None) -> _Fragment:
+    """What ``moof``'s track runs (``trun``) say of the video track's samples: their count, the sum of
+    their durations, and whether the first is a sync sample."""
+    fragment = _Fragment()
     for kind, traf in _children(moof, _HEADER.size, len(moof)):
         if kind != b"traf":
             continue
-        track, samples = None, 0
-        for child, (body, _) in _children(moof, *traf):
-            if child == b"tfhd":
-                track = struct.unpack_from(">I", moof, body + 4)[0]  # after version and flags
-            elif child == b"trun":
-                samples += struct.unpack_from(">I", moof, body + 4)[0]
-        if track == _VIDEO_TRACK:
-            count += samples
-    return count
+        boxes = _children(moof, *traf)
+        tfhd = next((span for child, span in boxes if child == b"tfhd"), None)
+        if tfhd is None or _U32.unpack_from(moof, tfhd[0] + 4)[0] != _VIDEO_TRACK:
+            continue
+        duration, flags = _tfhd_defaults(moof, tfhd[0], video)
+        for child, (body, _) in boxes:
+            if child == b"trun":
+                fragment = _with_run(fragment, moof, body, duration, flags)
+    return fragment
+
+
+def _tfhd_defaults(moof: bytes, body: int, video: _VideoTrack | None) -> tuple[int, int]:
+    """The default sample duration and flags of a track fragment: its ``tfhd``'s, else the ``trex``'s."""
+    duration, flags = (0, 0) if video is None else (video.default_duration, video.default_flags)
+    present = _U32.unpack_from(moof, body)[0] & 0xFFFFFF
+    position = body + 8  # after version, flags and the track id
+    for flag, size in _TFHD_FIELDS:
+        if present & flag:
+            if flag == _TFHD_DURATION:
+                duration = _U32.unpack_from(moof, position)[0]
+            elif flag == _TFHD_FLAGS:
+                flags = _U32.unpack_from(moof, position)[0]
+            position += size
+    return duration, flags
+
+
+def _with_run(fragment: _Fragment, moof: bytes, body: int, duration: int, flags: int) -> _Fragment:
+    """``fragment`` with the samples of the ``trun`` whose body starts at ``body`` added to it."""
+    present = _U32.unpack_from(moof, body)[0] & 0xFFFFFF
+    count = _U32.unpack_from(moof, body + 4)[0]
+    position = body + 8 + 4 * bool(present & _TRUN_DATA_OFFSET)
+    first_flags = None
+    if present & _TRUN_FIRST_FLAGS:
+        first_flags = _U32.unpack_from(moof, position)[0]
+        position += 4
+    stride = 4 * sum(bool(present & field) for field in _TRUN_SAMPLE_FIELDS)
+    ticks = count * duration
+    if present & _TRUN_DURATION:
+        ticks = sum(_U32.unpack_from(moof, position + index * stride)[0] for index in range(count))
+    if first_flags is None and present & _TRUN_FLAGS:
+        offset = 4 * bool(present & _TRUN_DURATION) + 4 * bool(present & _TRUN_SIZE)  # the fields before it
+        first_flags = _U32.unpack_from(moof, position + offset)[0]
+    if not fragment.samples and count:  # the fragment's first video sample is this run's
+        keyframe = not (flags if first_flags is None else first_flags) & _NON_SYNC_SAMPLE
+    else:
+        keyframe = fragment.keyframe
+    return _Fragment(fragment.samples + count, fragment.ticks + ticks, keyframe)
 
 
 def _children(data: bytes, start: int, end: int) -> list[tuple[bytes, tuple[int, int]]]:

@@ -96,8 +96,17 @@ class SessionOptions:
       on the chunk's device; half the bytes, no host conversion) or ``"auto"``: yuv420p for CUDA chunks,
       rgb24 otherwise (on a CPU the rgb24 path is the cheaper one, see docs/benchmarks.md).
     - ``output``: ``"mp4"`` (a complete MP4 with the moov first) or ``"fragmented"`` (fragmented MP4).
-    - ``keyframe_interval``: frames between keyframes (codec option ``g``); for fragmented MP4 the default
-      is one a second (where a player can join or seek), whatever the fragments.
+    - ``keyframe_interval``: frames between keyframes. With it set, every encoder of the rung table
+      (x264, NVENC, SVT-AV1, VP9; x265 too) puts a keyframe (an IDR: a sync sample a player can start at)
+      exactly every ``keyframe_interval`` frames and nowhere else, scene cuts included: its ``Rung``'s
+      cadence options (x264 ``g`` + ``keyint_min`` + ``sc_threshold=0``; NVENC ``g`` + ``no-scenecut`` +
+      ``forced-idr``; SVT-AV1 ``g`` and ``svtav1-params`` ``keyint`` + ``scd=0``; VP9 ``g`` +
+      ``keyint_min``) replace the same-named codec options. A fixed cadence is what lets a player's
+      segments start at keyframes (an HLS segment, a viewer joining live) and last alike; a keyframe at a
+      scene cut would shift every one after it. A ``g`` in ``video_codec_options`` sets the interval
+      instead. An encoder without a record gets ``g`` alone. For fragmented MP4 the default is one a
+      second (where a player can join or seek), whatever the fragments; for a plain MP4, none: the
+      encoder's own placement.
     - ``fragment_frames`` (fragmented MP4 only): frames per fragment. ``None`` (the default): one fragment
       per transfer group (``batch_frames`` frames: per frame by default), so a chunk's frames leave no
       later than the next chunk's first frame is encoded (or at ``finish``) — FFmpeg's muxer closes a
@@ -132,7 +141,8 @@ class SessionOptions:
     video_codec_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
     pixel_format: PixelFormat | Literal["auto"] = "auto"
     output: OutputKind = "mp4"
-    #: frames between keyframes; for fragmented MP4 without one given, a keyframe a second
+    #: frames between keyframes, exactly (none at scene cuts); for fragmented MP4 without one given, a
+    #: keyframe a second
     keyframe_interval: int | None = None
     #: frames per fragment of fragmented MP4; None: one fragment per transfer group
     fragment_frames: int | None = None

@@ -22,9 +22,10 @@ hold a decode slot, and with it the accelerator, for as long as it likes. The de
 chunk and its session closes (no container, thread or slot outlives the request).
 """
 
-from streamvae._errors import ReaderStalledError
+from streamvae._errors import ReaderStalledError, ViewerCutOffError
 from streamvae.server._admission import ServerStats
 from streamvae.server._app import create_app
+from streamvae.server._broadcast import Broadcast, BroadcastState, BroadcastStatistics, Part
 from streamvae.server._pacing import MediaTimePacer, PacerStatistics
 from streamvae.server._realtime import Interaction, Interactions, RealtimeGenerator, RealtimePiece
 from streamvae.server._response import MP4Response
@@ -34,17 +35,22 @@ from streamvae.server._standin import demo_generator
 from streamvae.server._websocket import realtime_video_endpoint
 
 __all__ = [
+    "Broadcast",
+    "BroadcastState",
+    "BroadcastStatistics",
     "Interaction",
     "Interactions",
     "MP4Response",
     "MediaTimePacer",
     "PacerStatistics",
+    "Part",
     "ReaderStalledError",
     "RealtimeGenerator",
     "RealtimePiece",
     "ServerEvent",
     "ServerStats",
     "VideoRequest",
+    "ViewerCutOffError",
     "create_app",
     "demo_generator",
     "realtime_video_endpoint",
