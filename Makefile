@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test quick lint bench docs serve-docs clean
+.PHONY: demo test quick lint bench docs serve-docs clean hlsjs
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -10,7 +10,15 @@ $(STAMP): pyproject.toml
 	# torch first, pinned: an unpinned torch (or a dependency's range) pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev,serve,docs]'
+	$(MAKE) --no-print-directory hlsjs
 	touch $(STAMP)
+
+# hls.js for the browser's HLS tests and the page's GET /hls.js, into the project's own folder (the tests
+# never fetch it). Part of the install; on its own for a checkout installed before it. A failed npm stops
+# make, and the file must be there.
+hlsjs:
+	npm install --prefix .hlsjs --no-save --no-audit --no-fund --loglevel=error hls.js@1.7
+	test -s .hlsjs/node_modules/hls.js/dist/hls.min.js
 
 demo: $(STAMP)
 	$(VENV)/bin/streamvae demo -o demo.mp4
@@ -45,6 +53,7 @@ bench: $(STAMP)
 	$(PY) bench/encode_budget.py
 	$(PY) bench/interactions.py
 	$(PY) bench/soak.py
+	$(PY) bench/broadcast.py
 
 # The site: every page and every public name's reference, warnings as errors; -n (nitpicky): a reference
 # or a link that does not resolve fails. docs/screenshots.py takes the pictures of it (docs/screenshots/).
@@ -56,4 +65,4 @@ serve-docs: docs
 	$(PY) -m http.server 8000 --bind 127.0.0.1 --directory docs/_build/html
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info docs/_build
+	rm -rf $(VENV) .hlsjs build dist src/*.egg-info docs/_build

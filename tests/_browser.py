@@ -193,3 +193,127 @@ new Promise((resolve, reject) => {
   check();
 })
 """
+
+
+# ---------------------------------------------------------------------------------------------------------
+# hls.js: a player of the app's Low-Latency HLS playlists (installed by the Makefile, never fetched here)
+# ---------------------------------------------------------------------------------------------------------
+
+#: hls.js as the Makefile installs it (npm, into the project's own folder); the app serves it at GET /hls.js
+HLS_JS = Path(__file__).resolve().parent.parent / ".hlsjs" / "node_modules" / "hls.js" / "dist" / "hls.min.js"
+
+
+@pytest.fixture(name="hls_js")
+def hls_js_fixture() -> Path:
+    """hls.js's file; skips where it is missing outside CI, fails in CI (the Makefile installs it)."""
+    if not HLS_JS.is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"hls.js is missing in CI: the Makefile installs it ({HLS_JS})")
+        pytest.skip("hls.js is not installed (make, or npm install --prefix .hlsjs hls.js@1.7)")
+    return HLS_JS
+
+
+def play_hls(source: str) -> str:
+    """A page script that loads hls.js from the app (``GET /hls.js``), then plays ``source`` (a playlist's
+    URL) in a new muted ``<video>`` with ``lowLatencyMode`` (its other settings its defaults); resolves
+    with hls.js's version once playback is asked for. What the player does is kept in ``window.hlsState``:
+    every error, the last playlist's ``live``, part target, hold-back and first segment's duration, each
+    media fragment or part loaded, where it began to play, its stalls (``waiting`` events), ``ended``."""
+    return """
+new Promise((resolve, reject) => {
+  const script = document.createElement("script");
+  script.src = "/hls.js";
+  script.onerror = () => reject(new Error("GET /hls.js did not load"));
+  script.onload = () => {
+    if (!Hls.isSupported()) { reject(new Error("hls.js: no Media Source in this browser")); return; }
+    const video = document.createElement("video");
+    video.id = "hls-video"; video.muted = true;
+    document.body.appendChild(video);
+    const state = window.hlsState = {
+      version: Hls.version, errors: [], fatal: null, live: null, partTarget: null, partHoldBack: null,
+      segment: null, loaded: [], ended: false, playingAt: null, stalls: 0,
+    };
+    const hls = window.hls = new Hls({lowLatencyMode: true});
+    hls.on(Hls.Events.ERROR, (_, data) => {
+      state.errors.push(data.details);
+      if (data.fatal) state.fatal = data.type + ": " + data.details;
+    });
+    hls.on(Hls.Events.LEVEL_LOADED, (_, data) => {
+      state.live = data.details.live;
+      state.partTarget = data.details.partTarget;
+      state.partHoldBack = data.details.partHoldBack;
+      if (data.details.fragments.length) state.segment = data.details.fragments[0].duration;
+    });
+    hls.on(Hls.Events.FRAG_LOADED, (_, data) => {
+      if (data.frag.sn === "initSegment") return;
+      const part = data.part;
+      state.loaded.push({
+        url: part ? part.url : data.frag.url, sn: data.frag.sn, part: part ? part.index : null,
+        independent: part ? part.independent : null,
+      });
+    });
+    hls.on(Hls.Events.MANIFEST_PARSED, () => {
+      video.play().catch((error) => state.errors.push("play: " + error.message));
+    });
+    video.addEventListener("playing", () => {
+      if (state.playingAt === null) state.playingAt = video.currentTime;
+    });
+    video.addEventListener("ended", () => { state.ended = true; });
+    video.addEventListener("waiting", () => { if (state.playingAt !== null) state.stalls += 1; });
+    hls.loadSource(SOURCE);
+    hls.attachMedia(video);
+    resolve(Hls.version);
+  };
+  document.head.appendChild(script);
+})
+""".replace("SOURCE", json.dumps(source))
+
+
+def hls_playing(video_id: str) -> str:
+    """A page script that resolves once the hls.js player's position has moved a quarter second past where
+    it began to play, with that position, where it began and the video's ``state`` in ``GET /v1/videos``
+    asked right then (``live``: it played before the generation ended). A fatal hls.js error rejects it."""
+    return """
+new Promise((resolve, reject) => {
+  const video = document.getElementById("hls-video");
+  const state = window.hlsState;
+  let done = false;
+  const check = async () => {
+    if (done) return;
+    if (state.fatal) { done = true; reject(new Error("hls.js: " + state.fatal)); return; }
+    if (state.playingAt === null || video.currentTime < state.playingAt + 0.25) return;
+    done = true;
+    const position = video.currentTime;
+    const listed = (await (await fetch("/v1/videos")).json()).videos.find((v) => v.id === VIDEO_ID);
+    resolve({
+      position, playingAt: state.playingAt, state: listed && listed.state, frames: listed && listed.frames,
+    });
+  };
+  video.addEventListener("timeupdate", check);
+  // a hang guard: a player that never plays fails the test instead of hanging it
+  setTimeout(() => {
+    if (!done) reject(new Error("hls.js did not play in 60 s: " + JSON.stringify(state)));
+  }, 60000);
+  check();
+})
+""".replace("VIDEO_ID", json.dumps(video_id))
+
+
+# Resolves once the hls.js player's video has ended, with what the element and the player knew then.
+HLS_ENDED = """
+new Promise((resolve, reject) => {
+  const video = document.getElementById("hls-video");
+  const state = window.hlsState;
+  const report = () => resolve({
+    ended: video.ended, currentTime: video.currentTime, duration: video.duration,
+    videoWidth: video.videoWidth, videoHeight: video.videoHeight,
+    decodedFrames: video.getVideoPlaybackQuality().totalVideoFrames,
+    error: video.error && video.error.message, hls: state,
+  });
+  if (video.ended) { report(); return; }
+  video.addEventListener("ended", report);
+  video.addEventListener("error", () => reject(new Error("video error: " + video.error.message)));
+  // a hang guard: a player that never ends fails the test instead of hanging it
+  setTimeout(() => reject(new Error("hls.js did not end in 90 s: " + JSON.stringify(state))), 90000);
+})
+"""

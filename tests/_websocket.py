@@ -134,14 +134,14 @@ class Client:
 
 
 @asynccontextmanager
-async def connect(app: ASGIApp) -> AsyncIterator[Client]:
-    """A connection to ``PATH``, accepted; leaving the block leaves and waits for the app to end."""
+async def connect(app: ASGIApp, path: str = PATH) -> AsyncIterator[Client]:
+    """A connection to ``path``, accepted; leaving the block leaves and waits for the app to end."""
     scope = {
         "type": "websocket",
         "asgi": {"version": "3.0", "spec_version": "2.4"},
         "scheme": "ws",
-        "path": PATH,
-        "raw_path": PATH.encode(),
+        "path": path,
+        "raw_path": path.encode(),
         "root_path": "",
         "query_string": b"",
         "headers": [],

@@ -259,6 +259,9 @@ async def test_the_page_has_a_video_element_and_a_form() -> None:
         'name="realtime"',
         'name="delay"',
         "video.mp4?",
+        "v1/videos",  # it lists the videos and can watch one
+        "ManagedMediaSource",  # its WebSocket player where Media Source is missing (iPhone)
+        'src="hls.js"',
     ):
         assert needle in page.text
     assert stats.json() == {
@@ -279,6 +282,7 @@ async def test_the_page_has_a_video_element_and_a_form() -> None:
             "chunk_latency_max": None,
         },
         "control_to_photon_seconds": {"median": None, "max": None, "interactions": 0},
+        "videos": {"viewers": {}, "served_bytes": 0},
     }
 
 

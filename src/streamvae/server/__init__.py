@@ -8,9 +8,17 @@ vllm-omni's real-time protocol (:func:`realtime_video_endpoint`): the client ste
 while it yields pieces (:class:`RealtimePiece`: a latent, its sound, the events it reflects). Mount
 :func:`create_app`'s app in your own ASGI server, or run ``streamvae serve`` (uvicorn, :func:`serve`).
 
+Everyone watches: each generation gets an id, and its MP4 pieces go to one :class:`Broadcast` that any
+number of viewers read without slowing it (a viewer too slow for its bounded buffer is cut off,
+:class:`ViewerCutOffError`). Under ``/v1/videos/{id}`` the app serves it as Low-Latency HLS with blocking
+reload (``live.m3u8``: Safari, iPhone, hls.js), as the whole fragmented MP4 (``video.mp4``: live, then the
+recording) and to WebSocket spectators (``watch``); ``GET /v1/videos`` lists them. Ended generations are
+kept for replay, bounded by count and bytes, and written for a static origin with ``recording_dir``.
+
 Your own routes: return :class:`MP4Response` (``return MP4Response(stream_mp4(vae, z, fps=16))``), which
-owns the decode's lifetime, and mount :func:`realtime_video_endpoint` with your generator;
-:class:`MediaTimePacer` paces fragments to their media time.
+owns the decode's lifetime (``broadcast=`` publishes what it sends), and mount
+:func:`realtime_video_endpoint` with your generator; :class:`MediaTimePacer` paces fragments to their media
+time.
 
 Admission: at most ``max_concurrent`` decodes run at once and at most ``max_queued`` requests wait for one,
 first come first served; a request beyond both is answered 503 with ``Retry-After`` at once, because a

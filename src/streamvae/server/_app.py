@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from importlib.resources import files
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -25,7 +26,7 @@ from starlette.applications import Starlette
 from starlette.datastructures import QueryParams
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from torch import Tensor
@@ -48,6 +49,7 @@ from streamvae._sinks import MP4ByteStream
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent, demo_vae
 from streamvae.models import as_decoder
 from streamvae.server._admission import Outcome
+from streamvae.server._hls import hls_timing
 from streamvae.server._pacing import MediaTimePacer
 from streamvae.server._realtime import (
     Interactions,
@@ -60,7 +62,13 @@ from streamvae.server._response import MP4Response
 from streamvae.server._sessions import ServerEvent, Sessions, VideoRequest
 from streamvae.server._standin import MAX_DELAY, demo_generator
 from streamvae.server._values import MAX_SEED
-from streamvae.server._websocket import EndpointSettings, pieces_decoder, websocket_endpoint
+from streamvae.server._videos import Video, VideoRegistry, link_header, video_routes
+from streamvae.server._websocket import (
+    EndpointSettings,
+    pieces_decoder,
+    spectator_endpoint,
+    websocket_endpoint,
+)
 
 __all__ = ["create_app"]
 
@@ -81,6 +89,10 @@ def create_app(
     on_event: Callable[[ServerEvent], None] | None = None,
     generator: RealtimeGenerator | None = None,
     pace: bool = False,
+    keep_videos: int = 8,
+    keep_bytes: int = 1 << 30,
+    recording_dir: str | os.PathLike[str] | None = None,
+    hls_js: str | os.PathLike[str] | None = None,
 ) -> Starlette:
     """The streaming app: ``/`` (page), ``/video.mp4`` (the decode, streamed), ``/stats`` and
     ``WS /v1/realtime/video`` (the real-time protocol of vllm-omni's route, see
@@ -123,20 +135,32 @@ def create_app(
       ``busy`` and close 1013 after accepting).
     - ``pace``: send each fragment, over HTTP and the WebSocket, no earlier than its media time
       (:class:`streamvae.server.MediaTimePacer`), instead of as soon as it is written.
+    - Every generation (each ``/video.mp4`` request, ``realtime=1`` or not, and each WebSocket session)
+      is a video anyone can watch under ``/v1/videos/{id}`` (Low-Latency HLS, the MP4, a spectator
+      WebSocket; see docs/guides/serve.md) while it runs and, once ended, replay. ``keep_videos`` (≥ 1)
+      and ``keep_bytes`` (≥ 0) bound the ended recordings kept in memory, newest first: older ones are
+      forgotten (their id is then answered 410). The defaults keep the 8 newest of up to 1 GiB together.
+      ``recording_dir`` (a directory, created if missing): each ended generation is also written there as
+      its MP4 and a VOD HLS playlist with its segments, for any static server or CDN to replay.
+    - ``hls_js``: the file ``GET /hls.js`` serves (hls.js's ``dist/hls.min.js``, which the page uses where
+      the browser has Media Source); default ``.hlsjs/node_modules/hls.js/dist/hls.min.js`` in the
+      checkout streamvae runs from, where it exists (``make hlsjs`` installs it there). Without one
+      ``/hls.js`` is a 404 and the page plays HLS natively (Safari) or through its WebSocket player.
 
     Every argument is checked here, before any request: a bad value is a ValueError, an object of the
     wrong kind (``vae``, ``latents``, ``encode_limiter``, ...) a TypeError, each naming create_app and the
     argument. A value that passed would be a 500 on every request instead.
 
     The app's ``state.stats`` is the :class:`ServerStats` that ``/stats`` reports, with
-    ``open_containers``, ``latency`` and ``control_to_photon_seconds``. ``latency``: over the last 100
-    completed requests (and stopped WebSocket sessions), the median and longest time from a decode's start
-    to its first fragment holding a frame (``first_fragment_median``, ``first_fragment_max``), the median
-    of their median chunk latencies and the longest chunk latency (``chunk_latency_median``,
-    ``chunk_latency_max``), in seconds (None before any), and ``requests``.
+    ``open_containers``, ``latency``, ``control_to_photon_seconds`` and ``videos``. ``latency``: over the
+    last 100 completed requests (and stopped WebSocket sessions), the median and longest time from a
+    decode's start to its first fragment holding a frame (``first_fragment_median``,
+    ``first_fragment_max``), the median of their median chunk latencies and the longest chunk latency
+    (``chunk_latency_median``, ``chunk_latency_max``), in seconds (None before any), and ``requests``.
     ``control_to_photon_seconds``: over the last 1000 interactions shown, the ``median`` and ``max`` time
     from the server reading an interaction to its sending the first binary frame that reflects it, and
-    ``interactions``.
+    ``interactions``. ``videos``: ``viewers``, the viewers of each video kept now (by id), and
+    ``served_bytes``, the bytes served to viewers (HLS, ``video.mp4`` and spectators) since the start.
     """
     owner = "create_app"
     check_callable("latents", latents, owner=owner)  # a function of a VideoRequest
@@ -151,6 +175,10 @@ def create_app(
     check_callable("on_event", on_event, owner=owner)  # a function of a ServerEvent
     check_callable("generator", generator, owner=owner)  # a function of a session.start message
     check_bool("pace", pace, owner=owner)
+    check_int("keep_videos", keep_videos, minimum=1, owner=owner)
+    check_int("keep_bytes", keep_bytes, minimum=0, owner=owner)
+    recordings = _checked_directory("recording_dir", recording_dir, owner=owner)
+    script = _hls_js(hls_js, owner=owner)
     if vae is None:
         vae = demo_vae()
     decoder = as_decoder(vae, owner=owner)
@@ -175,6 +203,13 @@ def create_app(
         encode_limiter=encode_limiter,
         pace=pace,
         generator=generator,
+        registry=VideoRegistry(
+            timing=hls_timing(options.fps, options.frames_per_fragment(), _keyframe_interval(options)),
+            keep_videos=keep_videos,
+            keep_bytes=keep_bytes,
+            recording_dir=recordings,
+            stall_timeout=stall_timeout,
+        ),
     )
     page = _page().replace("__MAX_FRAMES__", str(max_frames)).replace("__MAX_SIZE__", str(max_size))
 
@@ -194,8 +229,17 @@ def create_app(
                 "open_containers": open_containers(),
                 "latency": videos.sessions.latency.summary(),
                 "control_to_photon_seconds": videos.sessions.latency.control_to_photon(),
+                "videos": videos.registry.statistics(),
             }
         )
+
+    async def hls_script(request: Request) -> Response:
+        if script is None:
+            return PlainTextResponse("hls.js is not installed on this server (make hlsjs)\n", 404)
+        return FileResponse(script, media_type="text/javascript")
+
+    async def watch(websocket: WebSocket) -> None:
+        await videos.watch(websocket)
 
     app = Starlette(
         routes=[
@@ -203,6 +247,8 @@ def create_app(
             Route("/video.mp4", video, methods=["GET"]),
             Route("/stats", stats),
             WebSocketRoute("/v1/realtime/video", realtime_video),
+            Route("/hls.js", hls_script, methods=["GET"]),
+            *video_routes(videos.registry, watch),
         ]
     )
     app.state.stats = videos.sessions.admission.stats
@@ -212,6 +258,44 @@ def create_app(
 
 #: the session options create_app sets from its own arguments
 _APP_SESSION_OPTIONS = ("fps", "encode_limiter")
+#: where ``make hlsjs`` installs hls.js: the project's own folder (a checkout, src/streamvae/server/ here)
+_HLS_JS = Path(__file__).resolve().parents[3] / ".hlsjs/node_modules/hls.js/dist/hls.min.js"
+
+
+def _checked_directory(name: str, value: object, *, owner: str) -> Path | None:
+    """``value`` as a directory path (created if missing), or None; a TypeError unless a str or a path, a
+    ValueError naming ``name`` if it cannot be a directory."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{owner}: {name} must be a str, a path or None, got {type(value).__name__}")
+    path = Path(value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"{owner}: {name} must be a directory it can write, got {str(path)!r}: {error}"
+        ) from None
+    return path
+
+
+def _hls_js(value: object, *, owner: str) -> Path | None:
+    """The hls.js file ``/hls.js`` serves: ``value`` (which must exist), else the installed one, else None."""
+    if value is None:
+        return _HLS_JS if _HLS_JS.is_file() else None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{owner}: hls_js must be a str, a path or None, got {type(value).__name__}")
+    path = Path(value)
+    if not path.is_file():
+        raise ValueError(f"{owner}: hls_js must name an existing file (hls.min.js), got {str(path)!r}")
+    return path
+
+
+def _keyframe_interval(options: SessionOptions) -> int:
+    """Frames between keyframes: fixed per video (fragmented options always name one), so the HLS timing
+    is known before the first playlist."""
+    assert options.keyframe_interval is not None  # set by SessionOptions for fragmented output
+    return options.keyframe_interval
 
 
 def _page() -> str:
@@ -308,8 +392,11 @@ class _Videos:
         encode_limiter: anyio.CapacityLimiter | None,
         pace: bool,
         generator: RealtimeGenerator | None,
+        registry: VideoRegistry,
     ) -> None:
         self.vae = vae
+        #: every generation's video, for its viewers
+        self.registry = registry
         self.latents = latents
         self.sessions = sessions
         self.stall_timeout = stall_timeout
@@ -355,8 +442,14 @@ class _Videos:
             start_timeout=10.0,
             stall_timeout=self.stall_timeout,
             sessions=self.sessions,
+            videos=self.registry,
         )
         return websocket_endpoint(settings, MediaTimePacer if self.pace else None)
+
+    @cached_property
+    def watch(self) -> Callable[[WebSocket], Awaitable[None]]:
+        """``WS /v1/videos/{id}/watch``: a spectator of the app's videos."""
+        return spectator_endpoint(self.registry, self.served.session_options.fps, self.stall_timeout)
 
     def response(self, query: QueryParams) -> Response:
         """The response to a ``/video.mp4`` query: a 400 naming a bad value, else the streamed video."""
@@ -364,11 +457,13 @@ class _Videos:
             request = self._parse(query)
         except ValueError as error:
             return PlainTextResponse(f"{error}\n", status_code=400)
+        video = self.registry.open()  # its id is in the headers, before the decode starts
         return MP4Response(
-            self._video(request),
+            self._video(request, video),
             stall_timeout=self.stall_timeout,
-            headers={"cache-control": "no-store"},
+            headers={"cache-control": "no-store", "link": link_header(video.id)},
             pacer=MediaTimePacer(self.options.fps) if self.pace else None,  # a schedule per response
+            broadcast=video.broadcast,
         )
 
     def _parse(self, query: QueryParams) -> VideoRequest:
@@ -394,12 +489,14 @@ class _Videos:
         return request
 
     @asynccontextmanager
-    async def _video(self, request: VideoRequest) -> AsyncIterator[MP4ByteStream]:
+    async def _video(self, request: VideoRequest, video: Video) -> AsyncIterator[MP4ByteStream]:
         """One request's life, entered when its response is sent: a 503 (an ``HTTPException`` the
         response answers) when every slot and queue place is taken, else a queue place, a slot, the
-        latent and the decode, each given back when the response ends, however it ends."""
+        latent and the decode, each given back when the response ends, however it ends; ``video``, which
+        the response publishes to, ends with it."""
         admitted = self.sessions.enter(request)
         if admitted is None:
+            self.registry.discard(video)
             raise HTTPException(
                 503,
                 "busy: every decode slot and queue place is taken, retry later",
@@ -407,6 +504,7 @@ class _Videos:
             )
         outcome: Outcome = "disconnected"  # a cancellation: the response saw the client go
         session: ChunkedVideoMP4Session | None = None
+        failure: Exception | None = None
         try:
             await admitted.start()
             async with self._decode(request) as (session, stream):
@@ -415,11 +513,12 @@ class _Videos:
         except ReaderStalledError:
             outcome = "stalled"
             raise
-        except Exception:
-            outcome = "failed"
+        except Exception as error:
+            outcome, failure = "failed", error
             raise
         finally:
             admitted.end(outcome, session.statistics() if session is not None else None)
+            await self.registry.end(video, failure)
 
     @asynccontextmanager
     async def _decode(

@@ -30,6 +30,7 @@ from starlette.types import Message, Receive, Scope, Send
 from streamvae._checks import check_int, check_seconds
 from streamvae._errors import ReaderStalledError
 from streamvae._sinks import MP4ByteStream, read_entries
+from streamvae.server._broadcast import Broadcast
 from streamvae.server._pacing import MediaTimePacer
 
 __all__ = ["MP4Response"]
@@ -69,6 +70,12 @@ class MP4Response(Response):
     (the first is never held, a slow decode never delayed); without one each piece leaves as soon as it
     is written.
 
+    ``broadcast``: a :class:`streamvae.server.Broadcast` that gets each piece of the entry just before
+    this client does (publishing never waits on a viewer), so any number of viewers watch what this
+    response sends. This client owns the generation: when the response ends the broadcast ends too,
+    with the decode's error if it failed, else cleanly (sent to the end, the client left or stalled),
+    unless its owner ended it first.
+
     A Starlette ``Response`` subclass, so FastAPI passes it through unchanged; its ``background`` task,
     if any, runs after a response sent to the end. Every argument is checked here: a bad value is a
     ValueError, a ``streams`` that is no async context manager a TypeError, each naming MP4Response.
@@ -86,6 +93,7 @@ class MP4Response(Response):
         headers: Mapping[str, str] | None = None,
         status_code: int = 200,
         pacer: MediaTimePacer | None = None,
+        broadcast: Broadcast | None = None,
     ) -> None:
         owner = "MP4Response"
         _check_streams(streams)
@@ -97,8 +105,13 @@ class MP4Response(Response):
             raise TypeError(
                 f"{owner}: pacer must be a streamvae.server.MediaTimePacer or None, got {pacer!r}"
             )
+        if broadcast is not None and not isinstance(broadcast, Broadcast):
+            raise TypeError(
+                f"{owner}: broadcast must be a streamvae.server.Broadcast or None, got {broadcast!r}"
+            )
         self.status_code = status_code
         self._pacer = pacer
+        self._broadcast = broadcast
         self.background = None
         self.init_headers(headers)
         self._content_type_given = any(name.lower() == "content-type" for name in headers or {})
@@ -113,16 +126,20 @@ class MP4Response(Response):
             raise RuntimeError("MP4Response: a response is sent once (it owns its decode)")
         failure: Exception | None = None
         complete = False
-        async with anyio.create_task_group() as group:
-            self._scope = group.cancel_scope
-            group.start_soon(self._cancel_on_disconnect, receive)
-            try:
-                complete = await self._respond(scope, send)
-            except ReaderStalledError:
-                logger.warning("cut off a reader that accepted nothing for %s s", self._stall_timeout)
-            except Exception as error:  # raised below: a task group would wrap it in a group
-                failure = error
-            group.cancel_scope.cancel()  # the response is over: stop watching for a disconnect
+        try:
+            async with anyio.create_task_group() as group:
+                self._scope = group.cancel_scope
+                group.start_soon(self._cancel_on_disconnect, receive)
+                try:
+                    complete = await self._respond(scope, send)
+                except ReaderStalledError:
+                    logger.warning("cut off a reader that accepted nothing for %s s", self._stall_timeout)
+                except Exception as error:  # raised below: a task group would wrap it in a group
+                    failure = error
+                group.cancel_scope.cancel()  # the response is over: stop watching for a disconnect
+        finally:
+            if self._broadcast is not None and self._broadcast.state == "live":
+                self._broadcast.end(failure)  # the owner's end is every viewer's, however it ends
         if failure is not None:
             raise failure
         if complete and self.background is not None:
@@ -141,6 +158,8 @@ class MP4Response(Response):
                     if self._pacer is not None:
                         await self._pacer.wait(piece.frames)  # the frames the encoder counted in it
                     data = piece.data
+                    if self._broadcast is not None:
+                        self._broadcast.publish(piece)
                     if not started:
                         # Headers go with the first bytes, so a decode that fails at once is still an error
                         # (and the first piece holds the moov, which names the codecs).

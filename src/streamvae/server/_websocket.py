@@ -22,7 +22,13 @@ The protocol is that of vllm-omni's endpoint of the same path, so its clients wo
 Error codes: ``invalid_message`` (not a JSON object, too big, a bad field), ``unknown_type``,
 ``already_started``, ``event_id_conflict`` (an ``event_id`` this session has queued already),
 ``interaction_failed`` (the generator cannot apply it), ``session_stopped`` (it came after
-``session.stop``), ``invalid_start``, ``start_timeout``, ``stall_timeout``, ``generation_failed``, ``busy``.
+``session.stop``), ``invalid_start``, ``start_timeout``, ``stall_timeout``, ``generation_failed``, ``busy``;
+a spectator's (``WS /v1/videos/{id}/watch``, :func:`spectator_endpoint`): ``unknown_video``,
+``not_owner`` (a spectator does not steer), ``cut_off`` (it fell more than its buffer behind).
+
+``video.start`` of an app's session also carries ``video_id`` and ``watch`` (``hls``, ``mp4``, ``ws``):
+where anyone else watches the same generation (``/v1/videos/{video_id}``), which this session owns: it
+ends when the session does.
 
 A piece is a whole fragment (``moof`` + ``mdat``; the first also carries the ``ftyp`` and ``moov`` before
 it, the last piece may be the ``mfra`` index alone, of 0 frames), so each binary frame can be appended to
@@ -59,11 +65,13 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from torch import Tensor
 
 from streamvae._checks import check_callable, check_int, check_limiter, check_seconds, is_int
+from streamvae._errors import ViewerCutOffError
 from streamvae._options import SessionOptions, resolve_options
 from streamvae._session import ChunkedVideoMP4Session
 from streamvae.demo import DEMO_FPS
 from streamvae.models import ChunkedDecoder, as_decoder
 from streamvae.server._admission import Outcome
+from streamvae.server._broadcast import Part
 from streamvae.server._pacing import MediaTimePacer
 from streamvae.server._realtime import (
     Interaction,
@@ -78,6 +86,7 @@ from streamvae.server._realtime import (
 from streamvae.server._sessions import AdmittedSession, Sessions
 from streamvae.server._standin import demo_generator
 from streamvae.server._values import shown
+from streamvae.server._videos import Video, VideoRegistry, watch_urls
 
 __all__ = [
     "MAX_CONTROL_BYTES",
@@ -87,6 +96,7 @@ __all__ = [
     "ErrorCode",
     "pieces_decoder",
     "realtime_video_endpoint",
+    "spectator_endpoint",
     "websocket_endpoint",
 ]
 
@@ -116,6 +126,9 @@ ErrorCode = Literal[
     "stall_timeout",
     "generation_failed",
     "busy",
+    "unknown_video",
+    "not_owner",
+    "cut_off",
 ]
 
 #: what the WebSocket's own send and receive raise once the client has gone (a closed socket's send is a
@@ -210,6 +223,8 @@ class EndpointSettings:
     stall_timeout: float
     #: the app's sessions, which admit and count each connection; None admits every one uncounted
     sessions: Sessions | None
+    #: the app's videos: each session's generation is one, for its viewers; None broadcasts nothing
+    videos: VideoRegistry | None = None
     #: whether the generator is called with the interactions (else each one is refused)
     takes_interactions: bool = field(init=False)
 
@@ -323,6 +338,15 @@ def _error(code: ErrorCode, message: str) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message}
 
 
+async def _send_frames(websocket: WebSocket, frames: Sequence[dict[str, Any] | bytes]) -> None:
+    """Send ``frames`` in order: a dict as a JSON text frame, bytes as a binary frame."""
+    for frame in frames:
+        if isinstance(frame, bytes):
+            await websocket.send_bytes(frame)
+        else:
+            await websocket.send_text(json.dumps(frame))
+
+
 # -- one connection --
 
 
@@ -356,6 +380,7 @@ class _Connection:
         self._events = _Events()
         self._answering: anyio.Event | None = None  # set once the message the listener read is answered
         self._left = False  # the client disconnected
+        self._video: Video | None = None  # the generation's video, for its viewers, once it is started
 
     async def run(self) -> None:
         sessions = self.settings.sessions
@@ -423,7 +448,19 @@ class _Connection:
     # -- the generation --
 
     async def _generate(self, start: dict[str, Any], admitted: AdmittedSession | None) -> None:
-        """Call the generator, wait for a slot, and stream; the outcome is named however it ends."""
+        """Call the generator, wait for a slot, and stream; the outcome is named however it ends, and the
+        generation's video (for its viewers) ends with it."""
+        videos = self.settings.videos
+        if videos is None:
+            await self._generate_video(start, admitted)
+            return
+        self._video = videos.open()
+        try:
+            await self._generate_video(start, admitted)
+        finally:
+            await videos.end(self._video, self._failure if self._outcome == "failed" else None)
+
+    async def _generate_video(self, start: dict[str, Any], admitted: AdmittedSession | None) -> None:
         with self._generation:
             try:
                 steps = call_generator(self.settings.generator, start, self._events.queue, owner=_OWNER)
@@ -474,9 +511,15 @@ class _Connection:
             # The first piece holds the init segment: its codec string (avc1.64001f, av01.0.04M.08, ...) is
             # what a client passes to MediaSource.isTypeSupported and addSourceBuffer.
             config = {**self._config, "codecs": sent.piece.codecs}
-            frames.append(
-                {"type": "video.start", "request_id": self.request_id, "format": "m4s", "config": config}
-            )
+            video_start = {
+                "type": "video.start",
+                "request_id": self.request_id,
+                "format": "m4s",
+                "config": config,
+            }
+            if self._video is not None:
+                video_start |= {"video_id": self._video.id, "watch": watch_urls(self._video.id)}
+            frames.append(video_start)
         frames.append(
             {
                 "type": "video.chunk_metadata",
@@ -492,6 +535,8 @@ class _Connection:
             }
         )
         frames.append(sent.piece.data)
+        if self._video is not None:
+            self._video.publish(sent.piece)  # before this client: a viewer never waits on it
         if not await self._send(*frames, whole=True):
             await anyio.lowlevel.checkpoint()  # a stall or a disconnect ended the generation: it stops here
             return
@@ -690,11 +735,7 @@ class _Connection:
                 sending = anyio.CancelScope()
             with sending:
                 try:
-                    for frame in frames:
-                        if isinstance(frame, bytes):
-                            await self.websocket.send_bytes(frame)
-                        else:
-                            await self.websocket.send_text(json.dumps(frame))
+                    await _send_frames(self.websocket, frames)
                 except _GONE:
                     self._client_left()
                     return False
@@ -755,3 +796,191 @@ _ENDING_WORDS: dict[Outcome, str] = {
     "disconnected": "disconnected",
     "failed": "failed",
 }
+
+
+# -- spectators --
+
+
+def spectator_endpoint(
+    videos: VideoRegistry, fps: Fraction, stall_timeout: float
+) -> Callable[[WebSocket], Awaitable[None]]:
+    """``WS /v1/videos/{video_id}/watch``: a spectator of one of ``videos``.
+
+    A spectator gets ``video.start`` ``{request_id, video_id, watch, format, config: {codecs, fps}}``, then
+    the init segment and each part from the newest keyframe (the start, for an ended video), each as a
+    ``video.chunk_metadata`` (``kind`` ``"init"`` or ``"media"``, ``num_frames``, ``byte_length``) and a
+    binary frame of those bytes, then ``session.done`` ``{request_id, chunks, stopped}`` once the generation
+    ends (or its own ``session.stop``). The binary frames together are a fragmented MP4 that plays. It does
+    not steer: a ``session.interaction`` is answered with an ``error`` ``not_owner``; ``session.ping`` gets
+    ``session.pong``. An unknown video is an HTTP 404 at the handshake (410 past the retention), sent the
+    way the busy 503 is; a spectator that falls more than its buffer behind gets ``error`` ``cut_off``, one
+    whose generation failed ``generation_failed``; one that takes nothing for ``stall_timeout`` seconds is
+    closed. Leaving changes nothing for the owner or the other viewers.
+    """
+
+    async def endpoint(websocket: WebSocket) -> None:
+        video_id = websocket.path_params["video_id"]
+        found = videos.get(video_id)
+        if isinstance(found, int):
+            await _refuse_unknown(websocket, video_id, found)
+            return
+        await _Spectator(websocket, found, float(fps), stall_timeout).run()
+
+    return endpoint
+
+
+async def _refuse_unknown(websocket: WebSocket, video_id: str, status: int) -> None:
+    """No such video: HTTP ``status`` (404, or 410 past the retention) at the handshake where the server
+    has the WebSocket Denial Response extension, else an ``error`` ``unknown_video`` and close 1008."""
+    message = f"video {video_id} has ended and is no longer kept" if status == 410 else f"no video {video_id}"
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(PlainTextResponse(f"{message}\n", status_code=status))
+        return
+    await websocket.accept()
+    with contextlib.suppress(*_GONE):
+        await websocket.send_text(json.dumps({**_error("unknown_video", message), "status": status}))
+        await websocket.close(1008)
+
+
+class _Spectator:
+    """One spectator: the video's viewer, sent piece by piece, and the spectator's messages answered."""
+
+    def __init__(self, websocket: WebSocket, video: Video, fps: float, stall_timeout: float) -> None:
+        self.websocket = websocket
+        self.video = video
+        self.fps = fps
+        self.stall_timeout = stall_timeout
+        self.request_id = f"video_watch-{uuid.uuid4().hex}"
+        self.chunks = 0
+        self.stopped = False
+        self._send_lock = anyio.Lock()
+        self._gone = False
+
+    async def run(self) -> None:
+        await self.websocket.accept()
+        close = 1000
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._listen, group.cancel_scope)
+            try:
+                with anyio.CancelScope() as self._watching:
+                    last = await self._watch()
+            except ViewerCutOffError as error:
+                last, close = _error("cut_off", str(error)), 1008
+            except Exception as error:  # the generation's own failure, after its last bytes
+                logger.info("video %s failed under a spectator: %r", self.video.id, error)
+                last, close = _error("generation_failed", "the generation failed"), 1011
+            if self.stopped:
+                last = self._done()
+            group.cancel_scope.cancel()
+        if not self._gone and await self._send(last):
+            with anyio.move_on_after(self.stall_timeout), contextlib.suppress(*_GONE):
+                await self.websocket.close(close)
+
+    def _done(self) -> dict[str, Any]:
+        return {
+            "type": "session.done",
+            "request_id": self.request_id,
+            "chunks": self.chunks,
+            "stopped": self.stopped,
+        }
+
+    async def _watch(self) -> dict[str, Any]:
+        """Send the video from the newest keyframe to its end; the last message to send."""
+        video = self.video
+        broadcast = video.broadcast
+        next_part: int | None = None  # the index of the part the next media bytes are
+        async with broadcast.viewer() as viewer:
+            async for data in viewer:
+                frames = 0
+                if not self.chunks:
+                    start = {
+                        "type": "video.start",
+                        "request_id": self.request_id,
+                        "video_id": video.id,
+                        "watch": watch_urls(video.id),
+                        "format": "m4s",
+                        "config": {"codecs": broadcast.codecs, "fps": self.fps},
+                    }
+                    if not await self._send(start):
+                        break
+                else:
+                    next_part, frames = _part_frames(broadcast.parts, data, next_part)
+                metadata = {
+                    "type": "video.chunk_metadata",
+                    "request_id": self.request_id,
+                    "kind": "init" if not self.chunks else "media",
+                    "transport_chunk_index": self.chunks,
+                    "num_frames": frames,
+                    "byte_length": len(data),
+                }
+                if not await self._send(metadata, data):
+                    break
+                video.served_bytes += len(data)
+                self.chunks += 1
+        return self._done()
+
+    async def _listen(self, scope: anyio.CancelScope) -> None:
+        while True:
+            try:
+                message = await self.websocket.receive()
+            except _GONE:
+                message = {"type": "websocket.disconnect"}
+            if message["type"] == "websocket.disconnect":
+                self._gone = True
+                scope.cancel()
+                return
+            reply = self._answer(message)
+            if reply is not None:
+                await self._send(reply)
+
+    def _answer(self, message: Message) -> dict[str, Any] | None:
+        try:
+            control = _parsed(message, limit=MAX_CONTROL_BYTES, what="a control message")
+        except _Refused as refused:
+            return _error(refused.code, str(refused))
+        kind = control.get("type")
+        if kind == "session.ping":
+            return {"type": "session.pong"}
+        if kind == "session.stop":
+            self.stopped = True
+            self._watching.cancel()
+            return None
+        if kind == "session.interaction":
+            return _error("not_owner", "session.interaction: a spectator does not steer the generation")
+        return _error(
+            "unknown_type",
+            f"unknown message type {shown(kind)} (a spectator sends session.ping or session.stop)",
+        )
+
+    async def _send(self, *frames: dict[str, Any] | bytes) -> bool:
+        """Send ``frames`` together; False (and the spectator is done) if the client has gone or took
+        nothing for ``stall_timeout`` seconds."""
+        async with self._send_lock:
+            if self._gone:
+                return False
+            with anyio.move_on_after(self.stall_timeout) as sending:
+                try:
+                    await _send_frames(self.websocket, frames)
+                    return True
+                except _GONE:
+                    pass
+            self._gone = True
+            if sending.cancelled_caught:
+                logger.info("cut off a spectator that took nothing for %s s", self.stall_timeout)
+            return False
+
+
+def _part_frames(parts: Sequence[Part], data: bytes, expected: int | None) -> tuple[int | None, int]:
+    """The index of the part after ``data`` and ``data``'s frames: ``data`` is the part ``expected`` (or,
+    for the first, any held part) when it is that part's bytes, else bytes of 0 frames (the end's)."""
+    if not parts:
+        return expected, 0
+    if expected is not None:
+        position = expected - parts[0].index
+        if 0 <= position < len(parts) and parts[position].data is data:
+            return expected + 1, parts[position].frames
+        return expected, 0
+    for part in reversed(parts):
+        if part.data is data:
+            return part.index + 1, part.frames
+    return None, 0
