@@ -213,13 +213,53 @@ def hls_js_fixture() -> Path:
     return HLS_JS
 
 
-def play_hls(source: str) -> str:
+#: the hls.js settings the app's page plays with (src/streamvae/server/page.html), so that the tests and
+#: bench/broadcast.py play what a user gets: ``lowLatencyMode``, and :data:`HLS_LOW_LATENCY`
+HLS_CONFIG: dict[str, Any] = {"lowLatencyMode": True}
+
+#: The page's function that holds hls.js near the live edge, word for word (a test checks page.html has it).
+#: hls.js aims at PART-HOLD-BACK behind the edge, but it loads from an INDEPENDENT part up to a segment back
+#: and begins late, and it never makes that up: it plays faster only with over 1 s buffered ahead (its
+#: latency-controller, ``maxLiveSyncPlaybackRate``), which a player this close never has. So it plays at
+#: 1.5× while more than a part behind hls.js's target with over a part buffered ahead. It does not jump:
+#: hls.js's ``liveMaxLatencyDuration`` seeks to its target, and a seek past the buffered parts once left a
+#: gap it never played across, so the video never ended. After a stall hls.js adds
+#: ``liveSyncOnStallIncrease`` to its target (up to a segment): one part here, where its 1 s default leaves
+#: it a second behind after one stall.
+HLS_LOW_LATENCY = """
+function holdNearTheEdge(hls, video) {
+  let partTarget = 0;
+  hls.on(window.Hls.Events.LEVEL_LOADED, (_, data) => {
+    const { live, partHoldBack } = data.details;
+    partTarget = live && partHoldBack ? data.details.partTarget : 0;
+    if (!partTarget) return;
+    hls.config.liveSyncOnStallIncrease = partTarget;
+  });
+  const pace = () => {
+    const { buffered, currentTime } = video;
+    const ahead = buffered.length ? buffered.end(buffered.length - 1) - currentTime : 0;
+    const behind = hls.latency - (hls.targetLatency || 0);
+    const catchUp = partTarget && behind > partTarget && ahead > partTarget;
+    if (video.playbackRate !== 0) video.playbackRate = catchUp ? 1.5 : 1;
+  };
+  video.addEventListener("timeupdate", pace);
+  hls.on(window.Hls.Events.DESTROYING, () => {
+    video.removeEventListener("timeupdate", pace);
+    video.playbackRate = 1;
+  });
+}
+""".strip()
+
+
+def play_hls(source: str, config: dict[str, Any] | None = None) -> str:
     """A page script that loads hls.js from the app (``GET /hls.js``), then plays ``source`` (a playlist's
-    URL) in a new muted ``<video>`` with ``lowLatencyMode`` (its other settings its defaults); resolves
+    URL) in a new muted ``<video>`` with ``config`` (default :data:`HLS_CONFIG` and :data:`HLS_LOW_LATENCY`,
+    the page's; a ``config`` of its own is taken as it is); resolves
     with hls.js's version once playback is asked for. What the player does is kept in ``window.hlsState``:
     every error, the last playlist's ``live``, part target, hold-back and first segment's duration, each
-    media fragment or part loaded, where it began to play, its stalls (``waiting`` events), ``ended``."""
-    return """
+    media fragment or part loaded, where it began to play, its stalls (``waiting`` events), its jumps
+    (``seeking`` events) once playing, ``ended``."""
+    script = """
 new Promise((resolve, reject) => {
   const script = document.createElement("script");
   script.src = "/hls.js";
@@ -231,9 +271,10 @@ new Promise((resolve, reject) => {
     document.body.appendChild(video);
     const state = window.hlsState = {
       version: Hls.version, errors: [], fatal: null, live: null, partTarget: null, partHoldBack: null,
-      segment: null, loaded: [], ended: false, playingAt: null, stalls: 0,
+      segment: null, loaded: [], ended: false, playingAt: null, stalls: 0, seeks: 0,
     };
-    const hls = window.hls = new Hls({lowLatencyMode: true});
+    const hls = window.hls = new Hls(CONFIG);
+    LOW_LATENCY
     hls.on(Hls.Events.ERROR, (_, data) => {
       state.errors.push(data.details);
       if (data.fatal) state.fatal = data.type + ": " + data.details;
@@ -260,13 +301,21 @@ new Promise((resolve, reject) => {
     });
     video.addEventListener("ended", () => { state.ended = true; });
     video.addEventListener("waiting", () => { if (state.playingAt !== null) state.stalls += 1; });
+    video.addEventListener("seeking", () => { if (state.playingAt !== null) state.seeks += 1; });
     hls.loadSource(SOURCE);
     hls.attachMedia(video);
     resolve(Hls.version);
   };
   document.head.appendChild(script);
 })
-""".replace("SOURCE", json.dumps(source))
+"""
+    return (
+        script.replace("SOURCE", json.dumps(source))
+        .replace("CONFIG", json.dumps(HLS_CONFIG if config is None else config))
+        .replace(
+            "LOW_LATENCY", f"{HLS_LOW_LATENCY}\n    holdNearTheEdge(hls, video);" if config is None else ""
+        )
+    )
 
 
 def hls_playing(video_id: str) -> str:

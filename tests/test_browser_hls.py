@@ -5,7 +5,8 @@ The generation is a real-time request (``/video.mp4?realtime=1``: the stand-in g
 ``delay`` seconds, a latent frame of 4 frames a step, so the video is made at the pace it plays), and the
 player joins it while it runs, as a second person would. The page is a tiny one of the test's own, at the
 app's origin (its JSON list of videos): it loads hls.js from the app's ``GET /hls.js`` and plays
-``/v1/videos/{id}/live.m3u8`` with ``lowLatencyMode``.
+``/v1/videos/{id}/live.m3u8`` with the settings the app's page uses (``lowLatencyMode`` and its
+``holdNearTheEdge``: tests/_browser.py's ``HLS_LOW_LATENCY``).
 
 Skipped only where chromium or hls.js is missing outside CI; in CI (``CI=true``) either missing fails.
 """
@@ -26,8 +27,17 @@ import av
 import httpx
 import pytest
 
+import streamvae.server
 from streamvae.server import create_app
-from tests._browser import FPS, HLS_ENDED, hls_js_fixture, hls_playing, page_at, play_hls  # noqa: F401
+from tests._browser import (  # noqa: F401
+    FPS,
+    HLS_ENDED,
+    HLS_LOW_LATENCY,
+    hls_js_fixture,
+    hls_playing,
+    page_at,
+    play_hls,
+)
 from tests._hls import check_playlist
 from tests._server import running_server
 
@@ -145,3 +155,12 @@ async def test_a_late_joiner_starts_at_a_keyframe_and_plays(chromium: str, hls_j
     # It began to play past the start: where it joined, not at the first frame.
     assert playing["playingAt"] > 0
     assert _frames(b"".join(body))[0] == FRAMES
+
+
+def test_the_page_holds_hlsjs_near_the_edge_as_the_tests_do() -> None:
+    # The tests and bench/broadcast.py play with tests/_browser.py's copy of the page's function: the same.
+    page = (Path(streamvae.server.__file__).parent / "page.html").read_text()
+    lines = [line.strip() for line in page.splitlines()]
+    wanted = [line.strip() for line in HLS_LOW_LATENCY.splitlines()]
+    assert any(lines[i : i + len(wanted)] == wanted for i in range(len(lines))), HLS_LOW_LATENCY
+    assert "holdNearTheEdge(hls, video);" in lines
