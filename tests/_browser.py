@@ -217,38 +217,25 @@ def hls_js_fixture() -> Path:
 #: bench/broadcast.py play what a user gets: ``lowLatencyMode``, and :data:`HLS_LOW_LATENCY`
 HLS_CONFIG: dict[str, Any] = {"lowLatencyMode": True}
 
-#: The page's function that holds hls.js near the live edge, word for word (a test checks page.html has it).
-#: hls.js aims at PART-HOLD-BACK behind the edge, but it loads from an INDEPENDENT part up to a segment back
-#: and begins late, and it never makes that up: it plays faster only with over 1 s buffered ahead (its
-#: latency-controller, ``maxLiveSyncPlaybackRate``), which a player this close never has. So it plays at
-#: 1.5× while more than a part behind hls.js's target with over a part buffered ahead. It does not jump:
-#: hls.js's ``liveMaxLatencyDuration`` seeks to its target, and a seek past the buffered parts once left a
-#: gap it never played across, so the video never ended. After a stall hls.js adds
-#: ``liveSyncOnStallIncrease`` to its target (up to a segment): one part here, where its 1 s default leaves
-#: it a second behind after one stall.
-HLS_LOW_LATENCY = """
-function holdNearTheEdge(hls, video) {
-  let partTarget = 0;
-  hls.on(window.Hls.Events.LEVEL_LOADED, (_, data) => {
-    const { live, partHoldBack } = data.details;
-    partTarget = live && partHoldBack ? data.details.partTarget : 0;
-    if (!partTarget) return;
-    hls.config.liveSyncOnStallIncrease = partTarget;
-  });
-  const pace = () => {
-    const { buffered, currentTime } = video;
-    const ahead = buffered.length ? buffered.end(buffered.length - 1) - currentTime : 0;
-    const behind = hls.latency - (hls.targetLatency || 0);
-    const catchUp = partTarget && behind > partTarget && ahead > partTarget;
-    if (video.playbackRate !== 0) video.playbackRate = catchUp ? 1.5 : 1;
-  };
-  video.addEventListener("timeupdate", pace);
-  hls.on(window.Hls.Events.DESTROYING, () => {
-    video.removeEventListener("timeupdate", pace);
-    video.playbackRate = 1;
-  });
-}
-""".strip()
+#: The app's page (its ``holdNearTheEdge`` is read from it, never copied).
+PAGE = Path(__file__).resolve().parent.parent / "src" / "streamvae" / "server" / "page.html"
+
+
+def page_function(name: str) -> str:
+    """The JavaScript function ``name`` of the app's page, as the page has it (dedented)."""
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
+    first = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"function {name}("))
+    indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())]
+    last = next(i for i in range(first + 1, len(lines)) if lines[i] == f"{indent}}}")
+    return "\n".join(line.removeprefix(indent) for line in lines[first : last + 1])
+
+
+#: The page's function that holds hls.js near the live edge (see its comment in page.html): hls.js aims at
+#: PART-HOLD-BACK behind the edge but begins up to a segment back and never makes that up, so it plays at
+#: 1.5× while more than a part behind its target with a part buffered, and a stall adds one part to its
+#: target (``liveSyncOnStallIncrease``), not 1 s. The tests and bench/broadcast.py play with it, so they
+#: play what a user of the page gets.
+HLS_LOW_LATENCY = page_function("holdNearTheEdge")
 
 
 def play_hls(source: str, config: dict[str, Any] | None = None) -> str:
