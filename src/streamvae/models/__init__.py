@@ -11,7 +11,8 @@ importing this package does not import diffusers. :func:`as_decoder` turns anyth
 from __future__ import annotations
 
 from streamvae.models._base import ChunkedDecoder, DecodeState, ProtocolDecoder
-from streamvae.models._registry import as_decoder, chunked_decoder, supported_classes
+from streamvae.models._families import supported_classes
+from streamvae.models._registry import as_decoder, chunked_decoder
 
 __all__ = [
     "ChunkedDecoder",

@@ -21,6 +21,7 @@ from streamvae._checks import check_bool, check_latents
 from streamvae._protocol import SupportsChunkedVAEDecode, publish_chunks
 from streamvae._quantize import ValueRange
 from streamvae.models._common import execution_device, split_frames
+from streamvae.models._families import piecewise_classes
 
 __all__ = ["ChunkedDecoder", "DecodeState", "ProtocolDecoder", "WholeClipDecoder"]
 
@@ -374,8 +375,6 @@ def _without_grad(chunks: Iterator[Tensor]) -> Generator[Tensor, None, None]:
 
 def _who_takes_pieces() -> str:
     """What a decoder that refuses pieces names instead: the adapters that take them, as they say."""
-    from streamvae.models._registry import piecewise_classes  # here: the registry imports this module
-
     return (
         f"pieces work for the adapters of {', '.join(piecewise_classes())}, and for a ChunkedDecoder "
         "subclass of your own that sets takes_pieces and writes start / piece_chunks"

@@ -1,62 +1,21 @@
-"""Which adapter wraps which diffusers VAE, and the one entry point that turns anything decodable into a
-:class:`~streamvae.models.ChunkedDecoder`.
-
-The map names each adapter; what an adapter can do (``takes_pieces``) is read off the adapter itself.
+"""The one entry point that turns anything decodable into a :class:`~streamvae.models.ChunkedDecoder`:
+an adapter (which one wraps which diffusers VAE is ``_families.py``'s table), a protocol wrapper, or the
+decoder itself.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import inspect
 from collections.abc import Sequence
 from typing import Any
 
 from streamvae._protocol import SupportsChunkedVAEDecode
 from streamvae.models._base import ChunkedDecoder, ProtocolDecoder
+from streamvae.models._families import ADAPTERS, adapter_class, piecewise_classes, supported_classes
 
-__all__ = ["as_decoder", "chunked_decoder", "piecewise_classes", "supported_classes"]
-
-# diffusers class name -> (adapter module, adapter class). Imported lazily: each family pulls only its own.
-_ADAPTERS: dict[str, tuple[str, str]] = {
-    "AutoencoderKLWan": ("streamvae.models.wan", "WanChunkedDecoder"),
-    "AutoencoderKLQwenImage": ("streamvae.models.wan", "WanChunkedDecoder"),
-    "AutoencoderKLHunyuanVideo": ("streamvae.models.hunyuan_video", "HunyuanVideoChunkedDecoder"),
-    "AutoencoderKLLTXVideo": ("streamvae.models.ltx_video", "LTXVideoChunkedDecoder"),
-    "AutoencoderKLCogVideoX": ("streamvae.models.cogvideox", "CogVideoXChunkedDecoder"),
-    "AutoencoderKLLTX2Video": ("streamvae.models.ltx_video", "LTXVideoChunkedDecoder"),
-    "AutoencoderKLMiniMaxH3": ("streamvae.models.minimax_h3", "MiniMaxH3ChunkedDecoder"),
-    "AutoencoderKLHunyuanVideo15": ("streamvae.models.hunyuan_video15", "HunyuanVideo15ChunkedDecoder"),
-    "AutoencoderKLMochi": ("streamvae.models.mochi", "MochiChunkedDecoder"),
-    "AutoencoderKLAllegro": ("streamvae.models.allegro", "AllegroChunkedDecoder"),
-    "AutoencoderKLCosmos": ("streamvae.models.cosmos", "CosmosChunkedDecoder"),
-    "AutoencoderKLMagvit": ("streamvae.models.magvit", "MagvitChunkedDecoder"),
-    "AutoencoderKLTemporalDecoder": ("streamvae.models.stable_video", "StableVideoChunkedDecoder"),
-    "AutoencoderKLKVAEVideo": ("streamvae.models.kvae", "KVAEVideoChunkedDecoder"),
-}
-
-
-def supported_classes() -> list[str]:
-    """The diffusers VAE class names :func:`chunked_decoder` accepts."""
-    return sorted(_ADAPTERS)
-
+__all__ = ["as_decoder", "chunked_decoder"]
 
 _ALL = tuple(supported_classes())
-
-
-@functools.cache
-def piecewise_classes() -> tuple[str, ...]:
-    """The diffusers VAE class names whose adapter decodes latents in pieces, read off each adapter's
-    ``takes_pieces``. It imports every adapter (and diffusers): for messages, never on a decode's path."""
-    found = []
-    for vae_class in _ADAPTERS:
-        try:
-            adapter_cls = _adapter_class(vae_class)
-        except ImportError:  # a family this diffusers lacks: no VAE of it can be in hand here
-            continue
-        if adapter_cls.takes_pieces:
-            found.append(vae_class)
-    return tuple(found)
 
 
 def chunked_decoder(vae: Any, **decode_kwargs: Any) -> ChunkedDecoder:
@@ -106,9 +65,9 @@ def _adapter(
 ) -> ChunkedDecoder:
     """The adapter of diffusers VAE ``vae``, or a TypeError naming ``owner`` and what it ``accepted``."""
     for cls in type(vae).__mro__:
-        entry = _ADAPTERS.get(cls.__name__)
+        entry = ADAPTERS.get(cls.__name__)
         if entry is not None and cls.__module__.startswith("diffusers."):
-            adapter_cls = _adapter_class(cls.__name__)
+            adapter_cls = adapter_class(cls.__name__)
             _check_decode_kwargs(adapter_cls, cls.__name__, vae, decode_kwargs, owner)
             adapter: ChunkedDecoder = adapter_cls(vae, **decode_kwargs)
             return adapter
@@ -116,13 +75,6 @@ def _adapter(
         f"{owner}: vae must be {accepted}, got {type(vae).__module__}.{type(vae).__qualname__}; "
         f"supported diffusers classes: {', '.join(supported)}"
     )
-
-
-def _adapter_class(vae_class: str) -> type[ChunkedDecoder]:
-    """The adapter class of diffusers class ``vae_class`` (a key of ``_ADAPTERS``), imported now."""
-    module_name, adapter_name = _ADAPTERS[vae_class]
-    adapter_cls: type[ChunkedDecoder] = getattr(importlib.import_module(module_name), adapter_name)
-    return adapter_cls
 
 
 def _check_decode_kwargs(
