@@ -102,6 +102,9 @@ async def test_parts_are_the_fragments_with_frames_and_the_recording_is_every_pi
     )
     assert broadcast.size == len(mp4(pieces))
     assert count_frames(broadcast.mp4_bytes()) == FRAMES
+    assert broadcast.next_part == FRAMES
+    assert [broadcast.part(index) for index in range(FRAMES)] == list(parts)
+    assert broadcast.part(FRAMES) is None and broadcast.part(-1) is None
 
 
 @pytest.mark.anyio
@@ -355,6 +358,8 @@ async def test_without_the_recording_only_the_live_window_from_a_keyframe_is_hel
     for piece in pieces[:11]:
         newest.publish(piece)
     assert [part.index for part in newest.parts] == [8, 9, 10]
+    assert newest.next_part == 11 and newest.part(8) == newest.parts[0]
+    assert newest.part(7) is None and newest.part(11) is None  # let go, and not written yet
 
 
 # ---- bad arguments ---------------------------------------------------------------------------------------

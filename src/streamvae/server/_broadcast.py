@@ -138,6 +138,16 @@ class Broadcast:
         return tuple(self._parts)
 
     @property
+    def next_part(self) -> int:
+        """The index the next part written will have (the number of parts written so far)."""
+        return self._next_index
+
+    def part(self, index: int) -> Part | None:
+        """The held part ``index``, or None: not written yet, or let go (without ``keep_recording``)."""
+        position = index - (self._parts[0].index if self._parts else 0)
+        return self._parts[position] if 0 <= position < len(self._parts) else None
+
+    @property
     def size(self) -> int:
         """Bytes held: the init segment, the parts and the pieces of 0 frames (not the viewers' buffers,
         which hold references to these)."""

@@ -268,7 +268,7 @@ class _Routes:
 
             async def answered() -> bool:
                 while not satisfied(asked, broadcast.parts, broadcast.state):
-                    await broadcast.wait_for(_next_part(broadcast), timeout=math.inf)
+                    await broadcast.wait_for(broadcast.next_part, timeout=math.inf)
                 return True
 
             if await _unless_gone(request.receive, answered, self._hold(video)) is None:
@@ -311,9 +311,10 @@ class _Routes:
         broadcast = video.broadcast
         data: bytes | None = None
         if kind == "p":
-            if number == _next_part(broadcast) and broadcast.state == "live":
+            if number == broadcast.next_part and broadcast.state == "live":
                 await _unless_gone(request.receive, self._waiter(broadcast, number), self._hold(video))
-            data = _part_bytes(broadcast, number)
+            part = broadcast.part(number)
+            data = None if part is None else part.data
         else:
             for segment in segments(broadcast.parts, broadcast.state):
                 if segment.sequence == number and segment.complete:
@@ -359,19 +360,6 @@ def _media_index(name: str) -> tuple[str, int] | None:
     if not digits.isascii() or not digits.isdigit() or len(digits) > 12:
         return None
     return name[0], int(digits)
-
-
-def _part_bytes(broadcast: Broadcast, index: int) -> bytes | None:
-    for part in broadcast.parts:
-        if part.index == index:
-            return part.data
-    return None
-
-
-def _next_part(broadcast: Broadcast) -> int:
-    """The index the next part written will have."""
-    parts = broadcast.parts
-    return parts[-1].index + 1 if parts else 0
 
 
 class _Following(Response):

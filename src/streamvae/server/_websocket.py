@@ -71,7 +71,7 @@ from streamvae._session import ChunkedVideoMP4Session
 from streamvae.demo import DEMO_FPS
 from streamvae.models import ChunkedDecoder, as_decoder
 from streamvae.server._admission import Outcome
-from streamvae.server._broadcast import Part
+from streamvae.server._broadcast import Broadcast
 from streamvae.server._pacing import MediaTimePacer
 from streamvae.server._realtime import (
     Interaction,
@@ -904,7 +904,7 @@ class _Spectator:
                     if not await self._send(start):
                         break
                 else:
-                    next_part, frames = _part_frames(broadcast.parts, data, next_part)
+                    next_part, frames = _part_frames(broadcast, data, next_part)
                 metadata = {
                     "type": "video.chunk_metadata",
                     "request_id": self.request_id,
@@ -970,17 +970,13 @@ class _Spectator:
             return False
 
 
-def _part_frames(parts: Sequence[Part], data: bytes, expected: int | None) -> tuple[int | None, int]:
+def _part_frames(broadcast: Broadcast, data: bytes, expected: int | None) -> tuple[int | None, int]:
     """The index of the part after ``data`` and ``data``'s frames: ``data`` is the part ``expected`` (or,
     for the first, any held part) when it is that part's bytes, else bytes of 0 frames (the end's)."""
-    if not parts:
-        return expected, 0
     if expected is not None:
-        position = expected - parts[0].index
-        if 0 <= position < len(parts) and parts[position].data is data:
-            return expected + 1, parts[position].frames
-        return expected, 0
-    for part in reversed(parts):
+        part = broadcast.part(expected)
+        return (expected + 1, part.frames) if part is not None and part.data is data else (expected, 0)
+    for part in reversed(broadcast.parts):  # the first media bytes: once a viewer
         if part.data is data:
             return part.index + 1, part.frames
     return None, 0
