@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from collections.abc import Sequence
 from fractions import Fraction
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import anyio
@@ -79,6 +81,16 @@ def check_bool(name: str, value: object, *, owner: str | None = None) -> bool:
     if not isinstance(value, bool):
         raise ValueError(prefixed(owner, f"{name} must be True or False, got {value!r}"))
     return value
+
+
+def check_path(name: str, value: object, *, owner: str | None = None) -> Path | None:
+    """``value`` as a :class:`~pathlib.Path` (None stays None); a TypeError naming ``name`` unless it is a
+    str or a path."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(prefixed(owner, f"{name} must be a str, a path or None, got {type(value).__name__}"))
+    return Path(value)
 
 
 def check_callable(name: str, value: object, *, owner: str | None = None) -> None:

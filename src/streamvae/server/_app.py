@@ -38,6 +38,7 @@ from streamvae._checks import (
     check_int,
     check_latents,
     check_limiter,
+    check_path,
     check_seconds,
 )
 from streamvae._decode import open_decode
@@ -265,11 +266,9 @@ _HLS_JS = Path(__file__).resolve().parents[3] / ".hlsjs/node_modules/hls.js/dist
 def _checked_directory(name: str, value: object, *, owner: str) -> Path | None:
     """``value`` as a directory path (created if missing), or None; a TypeError unless a str or a path, a
     ValueError naming ``name`` if it cannot be a directory."""
-    if value is None:
+    path = check_path(name, value, owner=owner)
+    if path is None:
         return None
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{owner}: {name} must be a str, a path or None, got {type(value).__name__}")
-    path = Path(value)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -281,11 +280,9 @@ def _checked_directory(name: str, value: object, *, owner: str) -> Path | None:
 
 def _hls_js(value: object, *, owner: str) -> Path | None:
     """The hls.js file ``/hls.js`` serves: ``value`` (which must exist), else the installed one, else None."""
-    if value is None:
+    path = check_path("hls_js", value, owner=owner)
+    if path is None:
         return _HLS_JS if _HLS_JS.is_file() else None
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"{owner}: hls_js must be a str, a path or None, got {type(value).__name__}")
-    path = Path(value)
     if not path.is_file():
         raise ValueError(f"{owner}: hls_js must name an existing file (hls.min.js), got {str(path)!r}")
     return path
