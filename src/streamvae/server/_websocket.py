@@ -338,6 +338,19 @@ def _error(code: ErrorCode, message: str) -> dict[str, Any]:
     return {"type": "error", "code": code, "message": message}
 
 
+async def _denied(
+    websocket: WebSocket, status: int, message: str, headers: Mapping[str, str] | None = None
+) -> bool:
+    """Answer HTTP ``status`` with ``message`` at the handshake, where the server has the WebSocket Denial
+    Response extension (uvicorn does): True; else False, and the caller accepts and says it in the
+    protocol (an ``error``, then a close)."""
+    if "websocket.http.response" not in websocket.scope.get("extensions", {}):
+        return False
+    response = PlainTextResponse(f"{message}\n", status_code=status, headers=headers)
+    await websocket.send_denial_response(response)
+    return True
+
+
 async def _send_frames(websocket: WebSocket, frames: Sequence[dict[str, Any] | bytes]) -> None:
     """Send ``frames`` in order: a dict as a JSON text frame, bytes as a binary frame."""
     for frame in frames:
@@ -403,11 +416,7 @@ class _Connection:
         supports the WebSocket Denial Response extension (uvicorn does), else an ``error`` and close 1013
         (try again later) right after accepting."""
         message = "busy: every decode slot and queue place is taken, retry later"
-        if "websocket.http.response" in self.websocket.scope.get("extensions", {}):
-            response = PlainTextResponse(
-                f"{message}\n", status_code=503, headers={"Retry-After": str(retry_after)}
-            )
-            await self.websocket.send_denial_response(response)
+        if await _denied(self.websocket, 503, message, headers={"Retry-After": str(retry_after)}):
             return
         await self.websocket.accept()
         await self._say_goodbye({**_error("busy", message), "retry_after": retry_after}, 1013)
@@ -833,8 +842,7 @@ async def _refuse_unknown(websocket: WebSocket, video_id: str, status: int) -> N
     """No such video: HTTP ``status`` (404, or 410 past the retention) at the handshake where the server
     has the WebSocket Denial Response extension, else an ``error`` ``unknown_video`` and close 1008."""
     message = f"video {video_id} has ended and is no longer kept" if status == 410 else f"no video {video_id}"
-    if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(PlainTextResponse(f"{message}\n", status_code=status))
+    if await _denied(websocket, status, message):
         return
     await websocket.accept()
     with contextlib.suppress(*_GONE):
@@ -851,7 +859,8 @@ class _Spectator:
         self.fps = fps
         self.stall_timeout = stall_timeout
         self.request_id = f"video_watch-{uuid.uuid4().hex}"
-        self.chunks = 0
+        #: pieces sent, the init segment's included (``session.done``'s ``chunks``)
+        self.pieces_sent = 0
         self.stopped = False
         self._send_lock = anyio.Lock()
         self._gone = False
@@ -880,7 +889,7 @@ class _Spectator:
         return {
             "type": "session.done",
             "request_id": self.request_id,
-            "chunks": self.chunks,
+            "chunks": self.pieces_sent,
             "stopped": self.stopped,
         }
 
@@ -892,7 +901,7 @@ class _Spectator:
         async with broadcast.viewer() as viewer:
             async for data in viewer:
                 frames = 0
-                if not self.chunks:
+                if not self.pieces_sent:
                     start = {
                         "type": "video.start",
                         "request_id": self.request_id,
@@ -908,15 +917,15 @@ class _Spectator:
                 metadata = {
                     "type": "video.chunk_metadata",
                     "request_id": self.request_id,
-                    "kind": "init" if not self.chunks else "media",
-                    "transport_chunk_index": self.chunks,
+                    "kind": "init" if not self.pieces_sent else "media",
+                    "transport_chunk_index": self.pieces_sent,
                     "num_frames": frames,
                     "byte_length": len(data),
                 }
                 if not await self._send(metadata, data):
                     break
                 video.served_bytes += len(data)
-                self.chunks += 1
+                self.pieces_sent += 1
         return self._done()
 
     async def _listen(self, scope: anyio.CancelScope) -> None:
@@ -934,23 +943,29 @@ class _Spectator:
                 await self._send(reply)
 
     def _answer(self, message: Message) -> dict[str, Any] | None:
+        """Answer one spectator message by its type (:data:`_SPECTATOR_HANDLERS`), or with an ``error``."""
         try:
             control = _parsed(message, limit=MAX_CONTROL_BYTES, what="a control message")
         except _Refused as refused:
             return _error(refused.code, str(refused))
         kind = control.get("type")
-        if kind == "session.ping":
-            return {"type": "session.pong"}
-        if kind == "session.stop":
-            self.stopped = True
-            self._watching.cancel()
-            return None
-        if kind == "session.interaction":
-            return _error("not_owner", "session.interaction: a spectator does not steer the generation")
-        return _error(
-            "unknown_type",
-            f"unknown message type {shown(kind)} (a spectator sends session.ping or session.stop)",
-        )
+        handler = _SPECTATOR_HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            return _error(
+                "unknown_type",
+                f"unknown message type {shown(kind)} (a spectator sends {_SPECTATOR_EXPECTED})",
+            )
+        return handler(self, control)
+
+    def _on_ping(self, control: Mapping[str, Any]) -> dict[str, Any]:
+        return {"type": "session.pong"}
+
+    def _on_stop(self, control: Mapping[str, Any]) -> None:
+        self.stopped = True
+        self._watching.cancel()
+
+    def _on_interaction(self, control: Mapping[str, Any]) -> dict[str, Any]:
+        return _error("not_owner", "session.interaction: a spectator does not steer the generation")
 
     async def _send(self, *frames: dict[str, Any] | bytes) -> bool:
         """Send ``frames`` together; False (and the spectator is done) if the client has gone or took
@@ -968,6 +983,15 @@ class _Spectator:
             if sending.cancelled_caught:
                 logger.info("cut off a spectator that took nothing for %s s", self.stall_timeout)
             return False
+
+
+#: what each spectator message type does: its reply (None: no reply); a spectator does not steer
+_SPECTATOR_HANDLERS: dict[str, Callable[[_Spectator, Mapping[str, Any]], dict[str, Any] | None]] = {
+    "session.interaction": _Spectator._on_interaction,
+    "session.ping": _Spectator._on_ping,
+    "session.stop": _Spectator._on_stop,
+}
+_SPECTATOR_EXPECTED = "session.ping or session.stop"
 
 
 def _part_frames(broadcast: Broadcast, data: bytes, expected: int | None) -> tuple[int | None, int]:
