@@ -120,7 +120,7 @@ def stream_mp4(
     """
     checked = _check_stream(vae, z, decode_limiter, on_session, max_buffered, options, session_options)
     _check_live_audio(checked.options, on_session, "stream_mp4")
-    return _handed_on(_streamed(checked, max_buffered), on_session)
+    return _handed_on(_streamed(checked), on_session)
 
 
 class StreamedDecode(NamedTuple):
@@ -135,13 +135,14 @@ def open_decode(
 ) -> AbstractAsyncContextManager[StreamedDecode]:
     """:func:`stream_mp4`'s checks and block for the server and the command line, which read the session
     (its statistics, its frames) themselves: the block yields it with the streams."""
-    return _streamed(_check_stream(vae, z, decode_limiter, None, 4, options, {}), 4)
+    return _streamed(_check_stream(vae, z, decode_limiter, None, 4, options, {}))  # stream_mp4's default
 
 
 class _CheckedStream(NamedTuple):
     decoder: ChunkedDecoder
     z: Tensor
     decode_limiter: anyio.CapacityLimiter | None
+    max_buffered: int
     options: SessionOptions
 
 
@@ -160,13 +161,13 @@ def _check_stream(
     decoder.check_latents(z, owner=owner)  # shapes only
     checked_limiter = check_limiter("decode_limiter", decode_limiter, owner=owner)
     check_callable("on_session", on_session, owner=owner)
-    check_int("max_buffered", max_buffered, minimum=1, owner=owner)
+    buffered = check_int("max_buffered", max_buffered, minimum=1, owner=owner)
     if not decoder.is_output_rank:
         raise ValueError(f"{owner}() on a rank that does not own the output: call decode_to_mp4() there")
     defaults = {**_defaults(decoder), "output": "fragmented"}
     checked = resolve_options(owner, options, session_options, **defaults)
     checked.check_batch(z.shape[0], owner=owner)
-    return _CheckedStream(decoder, z, checked_limiter, checked)
+    return _CheckedStream(decoder, z, checked_limiter, buffered, checked)
 
 
 def _check_live_audio(options: SessionOptions, on_session: object, owner: str) -> None:
@@ -193,13 +194,13 @@ async def _handed_on(
 
 
 @asynccontextmanager
-async def _streamed(checked: _CheckedStream, max_buffered: int) -> AsyncIterator[StreamedDecode]:
+async def _streamed(checked: _CheckedStream) -> AsyncIterator[StreamedDecode]:
     """The decode of a checked :func:`stream_mp4` call, as the session's producer."""
     owner = "stream_mp4"
     decoder, z = checked.decoder, checked.z
     limiter = decode_limiter_or_own(checked.decode_limiter)
     session = ChunkedVideoMP4Session(options=checked.options)
-    streams = [session.open_stream(entry, max_buffered=max_buffered) for entry in range(z.shape[0])]
+    streams = [session.open_stream(entry, max_buffered=checked.max_buffered) for entry in range(z.shape[0])]
     on_chunk = chunk_bridge(session, owner)
 
     async def decode() -> None:
