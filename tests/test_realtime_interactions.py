@@ -600,14 +600,16 @@ async def test_a_wait_in_the_queue_longer_than_the_stall_timeout_is_no_stall(
 ) -> None:
     held = HeldOnRequest()
 
-    app = create_app(vae=vae, generator=held, max_concurrent=1, max_queued=1, stall_timeout=1.0)
+    # 2 s: once it has its slot, the second's first piece (two decode steps and the encoder's open) must go
+    # out within the stall timeout, which 1 s did not always leave on a loaded 2-core machine.
+    app = create_app(vae=vae, generator=held, max_concurrent=1, max_queued=1, stall_timeout=2.0)
     async with connect(app) as first:
         await first_piece(first, {"type": "session.start", "hold": True})
         async with connect(app) as second:
             await second.send_json({"type": "session.start"})  # then silent, queued past the stall timeout
             while app.state.stats.queued < 1:
                 await anyio.sleep(0.01)
-            for _ in range(3):  # the first stays alive meanwhile; the second says nothing for 1.5 s
+            for _ in range(6):  # the first stays alive meanwhile; the second says nothing for 3 s
                 await first.send_json({"type": "session.ping"})
                 assert (await first.receive_other([]))["type"] == "session.pong"
                 await anyio.sleep(0.5)
