@@ -600,21 +600,34 @@ async def test_a_wait_in_the_queue_longer_than_the_stall_timeout_is_no_stall(
 ) -> None:
     held = HeldOnRequest()
 
-    # 2 s: once it has its slot, the second's first piece (two decode steps and the encoder's open) must go
-    # out within the stall timeout, which 1 s did not always leave on a loaded 2-core machine.
-    app = create_app(vae=vae, generator=held, max_concurrent=1, max_queued=1, stall_timeout=2.0)
-    async with connect(app) as first:
+    # 3 s: once it has its slot, the second's first piece (two decode steps and the encoder's open) must go
+    # out within the stall timeout, which 1 s did not always leave on a loaded 2-core machine. The first
+    # pings until its end, so that only the second's silence is under test (its last step, decoded on a
+    # loaded machine, may take longer than a stall timeout, which a silent client would be cut off for).
+    app = create_app(vae=vae, generator=held, max_concurrent=1, max_queued=1, stall_timeout=3.0)
+    async with connect(app) as first, anyio.create_task_group() as pinging:
         await first_piece(first, {"type": "session.start", "hold": True})
+
+        ended = anyio.Event()
+
+        async def keep_alive() -> None:
+            while not ended.is_set():
+                await first.send_json({"type": "session.ping"})
+                await anyio.sleep(0.5)
+
+        pinging.start_soon(keep_alive)
         async with connect(app) as second:
             await second.send_json({"type": "session.start"})  # then silent, queued past the stall timeout
             while app.state.stats.queued < 1:
                 await anyio.sleep(0.01)
-            for _ in range(6):  # the first stays alive meanwhile; the second says nothing for 3 s
-                await first.send_json({"type": "session.ping"})
-                assert (await first.receive_other([]))["type"] == "session.pong"
-                await anyio.sleep(0.5)
+            pongs = 0
+            while pongs < 8:  # the first stays alive meanwhile; the second says nothing for 4 s
+                pongs += (await first.receive_other([]))["type"] == "session.pong"
             held.release.set()
-            await first.receive_until_done()
+            while (ending := await first.receive_other([]))["type"] == "session.pong":
+                pass
+            ended.set()
+            assert ending["type"] == "session.done", ending
             assert (await second.receive_json())["type"] == "video.start"
             _, done = await second.receive_until_done()
     assert done["type"] == "session.done" and app.state.stats.stalled == 0
