@@ -34,10 +34,14 @@ from __future__ import annotations
 # Each family module registers its builders in the index as it is imported.
 from tests.pipelines import (  # noqa: F401
     allegro,
+    bria,
     cogvideox,
+    cosmos,
     easyanimate,
     helios,
     hunyuan,
+    image_vae,
+    joyimage,
     kandinsky,
     ltx,
     mochi,

@@ -482,3 +482,6 @@ def minimax_h3_modular() -> tuple[Pipeline, MakeKwargs]:
         audio_scheduler=MiniMaxH3Scheduler(shift=3.0),
     )
     return pipe, call_kwargs(_minimax_prompt, height=16, width=16, num_frames=124)
+
+
+# -- issue 35, group C5 (Wan and Helios blocks): builders below this line --

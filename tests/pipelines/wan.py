@@ -403,3 +403,9 @@ def anyflow() -> tuple[Pipeline, MakeKwargs]:
         scheduler=FlowMapEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),
     )
     return pipe, video_kwargs(16, 6.0, prompt_pair(WAN_TEXT_DIM))
+
+
+# -- issue 35, group C2 (the transformations after vae.decode): builders below this line --
+
+
+# -- issue 35, group C5 (Wan-based pipelines): builders below this line --

@@ -32,6 +32,8 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "AutoencoderKLMagvit": ("streamvae.models.magvit", "MagvitChunkedDecoder"),
     "AutoencoderKLTemporalDecoder": ("streamvae.models.stable_video", "StableVideoChunkedDecoder"),
     "AutoencoderKLKVAEVideo": ("streamvae.models.kvae", "KVAEVideoChunkedDecoder"),
+    # issue 35, group C1 (AutoencoderKL): below this line
+    # issue 35, group C3 (Kandinsky6SRVAE): below this line
 }
 
 

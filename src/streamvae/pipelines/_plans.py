@@ -167,6 +167,9 @@ _ONCE = (
     "Kandinsky5I2VPipeline",
     "LucyEditPipeline",
     "AnyFlowPipeline",
+    # issue 35, group C3 (Cosmos, Kandinsky 6, JoyImage, Bria Fibo): names below this line
+    # issue 35, group C4 (LTX-Video, LTX-2, SANA): names below this line
+    # issue 35, group C5 (EasyAnimate, Motif image-to-video, AnyFlow FAR): names below this line
 )
 
 _PLANS: dict[str, PipelinePlan] = {
@@ -191,6 +194,11 @@ _PLANS: dict[str, PipelinePlan] = {
     "MiniMaxH3Blocks": PipelinePlan(
         "MiniMaxH3Blocks", sound=Sound(_minimax_h3_sound), outputs=("videos", "audio", "sampling_rate")
     ),
+    # issue 35, group C1 (image VAEs, Stable Video Diffusion): plans below this line
+    # issue 35, group C2 (the transformations after vae.decode): plans below this line
+    # issue 35, group C3 (Cosmos, Kandinsky 6, JoyImage, Bria Fibo): plans below this line
+    # issue 35, group C4 (LTX-Video, LTX-2, SANA): plans below this line
+    # issue 35, group C5 (EasyAnimate, Wan and Helios modular blocks): plans below this line
 }
 
 #: video pipelines of diffusers 0.42.1 streamvae refuses, and why (a class not here and without a plan

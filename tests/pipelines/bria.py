@@ -1,0 +1,3 @@
+"""Bria Fibo and Bria Fibo Edit (AutoencoderKLWan)."""
+
+from __future__ import annotations

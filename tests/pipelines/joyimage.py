@@ -1,0 +1,3 @@
+"""JoyImage Edit and Edit Plus (AutoencoderKLWan)."""
+
+from __future__ import annotations
