@@ -72,7 +72,7 @@ nitpicky = True
 _EXTERNAL = (
     r"(torch|anyio|av|numpy|np|starlette|fastapi|uvicorn|diffusers|accelerate|safetensors|httpx|trio"
     r"|rich|argparse|asyncio|collections|concurrent|contextlib|dataclasses|datetime|enum|fractions|logging"
-    r"|os|pathlib|threading|types|typing|typing_extensions|wave|weakref|socket|subprocess|io|abc|time)"
+    r"|os|pathlib|threading|types|typing|typing_extensions|wave|weakref|socket|subprocess|io|abc|time|c2pa)"
 )
 nitpick_ignore_regex = [
     (r"py:.*", _EXTERNAL + r"(\..*)?"),

@@ -24,6 +24,10 @@ T = TypeVar("T")
 #: (seen at 96 and 416 pixels, FFmpeg 8.1's x264), which flips a few decisions from run to run; with
 #: ``asm=0`` 30 runs out of 30 gave the same bytes. Tests that compare MP4 bytes use these.
 DETERMINISTIC_X264 = {"threads": "1", "x264-params": "asm=0"}
+#: x264 options its open refuses (a crop larger than any frame here) that pass every door: a parameter list
+#: is checked when the encoder opens, where the frame size is known. Tests of an encoder failing mid-decode
+#: use them; the refusal is a ValueError naming the option, caused by FFmpeg's error.
+REFUSED_AT_OPEN = {"x264-params": "crop-rect=0,0,0,4096"}
 
 
 def moving_pattern(

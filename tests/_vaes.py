@@ -24,6 +24,7 @@ from diffusers import (
     AutoencoderKLMochi,
     AutoencoderKLQwenImage,
     AutoencoderKLWan,
+    Kandinsky6SRVAE,
 )
 from diffusers.models.autoencoders.autoencoder_kl_kvae_video import AutoencoderKLKVAEVideo
 from diffusers.models.autoencoders.autoencoder_kl_magvit import AutoencoderKLMagvit
@@ -259,4 +260,18 @@ def tiny_hunyuan_video15(seed: int = 0) -> AutoencoderKLHunyuanVideo15:
     torch.manual_seed(seed)
     vae = AutoencoderKLHunyuanVideo15(**TINY_VAE_CONFIGS["hunyuan_video15"])
     _randomize(vae, seed)
+    return vae.eval()
+
+
+def tiny_kandinsky6_sr(seed: int = 0) -> Kandinsky6SRVAE:
+    """Kandinsky 6 super-resolution's VAE: four levels (the fewest whose upsamplers double time twice, as
+    the declared ratio 4 says) of 8 channels, 4 latent channels."""
+    torch.manual_seed(seed)
+    channels = (8, 8, 8, 8)
+    vae = Kandinsky6SRVAE(
+        latent_channels=4,
+        encoder_block_out_channels=channels,
+        decoder_block_out_channels=channels,
+        layers_per_block=1,
+    )
     return vae.eval()

@@ -42,7 +42,7 @@ from streamvae.distributed import (
     sharded_decoder,
 )
 from streamvae.models.wan import WanChunkedDecoder
-from tests._media import DETERMINISTIC_X264, read_mp4
+from tests._media import DETERMINISTIC_X264, REFUSED_AT_OPEN, read_mp4
 from tests._ranks import (
     Launches,
     decode_alone,
@@ -139,7 +139,7 @@ TWO_RANKS = [
     Scenario("qwen_image_height", "qwen_image", 2, 8, 8, backend="trio", exact=True),
     Scenario("wan21_encoder_fails_at_1", "wan21", 4, 8, 8, fail_at=1),
     Scenario("wan22_caller_cancelled_at_1", "wan22", 4, 8, 8, backend="trio", cancel_at=1),
-    Scenario("wan21_x264_rejects_its_options", "wan21", 4, 8, 8, codec_options={"preset": "no-such-preset"}),
+    Scenario("wan21_x264_rejects_its_options", "wan21", 4, 8, 8, codec_options=REFUSED_AT_OPEN),
     Scenario("wan21_nan_latent", "wan21", 3, 8, 8, backend="trio", nan_latent=True),
     Scenario("wan21_reader_closes_at_last", "wan21", 3, 8, 8, backend="trio", reader_closes_at=2),
     Scenario(
@@ -527,12 +527,13 @@ def test_an_encoder_error_reaches_the_owner_caller_and_every_peer_stops(
 ) -> None:
     scenario, ranks = results_of(request, "wan21_x264_rejects_its_options")
     owner = owner_of(scenario, ranks)
-    assert owner.error is not None and owner.error[0] == "ArgumentError" and "avcodec_open2" in owner.error[1]
+    assert owner.error is not None and owner.error[0] == "ValueError"
+    assert "libx264 refuses x264-params" in owner.error[1]
     stopped_at = owner.stats["stopped_at"]
     assert stopped_at is not None
     for rank in others_of(scenario, ranks):
         assert rank.error is not None and rank.error[0] == "PeerDecodeError"
-        assert "ArgumentError" in rank.error[1]
+        assert "ValueError" in rank.error[1]
         assert rank.peer_chunk == stopped_at == rank.stats["stopped_at"]
 
 

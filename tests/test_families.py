@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from diffusers import AutoencoderKL
+from diffusers import AutoencoderTiny
 from torch import Tensor
 
 import streamvae
@@ -26,6 +26,8 @@ from streamvae.models.cogvideox import CogVideoXChunkedDecoder
 from streamvae.models.cosmos import CosmosChunkedDecoder
 from streamvae.models.hunyuan_video import HunyuanVideoChunkedDecoder
 from streamvae.models.hunyuan_video15 import HunyuanVideo15ChunkedDecoder
+from streamvae.models.image_vae import ImageVAEChunkedDecoder
+from streamvae.models.kandinsky6 import Kandinsky6SRChunkedDecoder
 from streamvae.models.kvae import KVAEVideoChunkedDecoder
 from streamvae.models.ltx_video import LTXVideoChunkedDecoder
 from streamvae.models.magvit import MagvitChunkedDecoder
@@ -37,9 +39,11 @@ from streamvae.testing import TINY_VAE_CONFIGS
 from tests import _vaes
 from tests._adapters import check_whole_clip
 from tests._media import bt709_luma, read_luma
+from tests.pipelines.image_vae import tiny_autoencoder_kl
 
-#: the diffusers VAE classes of diffusers 0.42.1's video pipelines (and KVAE), with the tiny test VAE of
-#: each and a latent it decodes [channels, latent frames, height, width]
+#: the diffusers VAE classes of diffusers 0.42.1's video pipelines (the image VAE AutoencoderKL and
+#: Kandinsky6SRVAE among them) and KVAE, with the tiny test VAE of each and a latent it decodes
+#: [channels, latent frames, height, width]
 FAMILIES: dict[str, tuple[Callable[[], Any], tuple[int, int, int, int]]] = {
     "AutoencoderKLWan": (_vaes.tiny_wan21, (16, 3, 4, 4)),
     "AutoencoderKLQwenImage": (_vaes.tiny_qwen_image, (16, 3, 4, 4)),
@@ -55,6 +59,8 @@ FAMILIES: dict[str, tuple[Callable[[], Any], tuple[int, int, int, int]]] = {
     "AutoencoderKLMagvit": (_vaes.tiny_magvit, (4, 3, 2, 2)),
     "AutoencoderKLTemporalDecoder": (_vaes.tiny_stable_video, (4, 3, 4, 4)),
     "AutoencoderKLKVAEVideo": (_vaes.tiny_kvae, (4, 6, 2, 2)),
+    "AutoencoderKL": (tiny_autoencoder_kl, (4, 3, 4, 4)),
+    "Kandinsky6SRVAE": (_vaes.tiny_kandinsky6_sr, (4, 6, 2, 2)),
 }
 
 #: the adapter ``chunked_decoder`` wraps each class in
@@ -73,9 +79,11 @@ ADAPTERS: dict[str, type[ChunkedDecoder]] = {
     "AutoencoderKLMagvit": MagvitChunkedDecoder,
     "AutoencoderKLTemporalDecoder": StableVideoChunkedDecoder,
     "AutoencoderKLKVAEVideo": KVAEVideoChunkedDecoder,
+    "AutoencoderKL": ImageVAEChunkedDecoder,
+    "Kandinsky6SRVAE": Kandinsky6SRChunkedDecoder,
 }
 #: the classes whose adapter decodes latents that arrive in pieces (its decoder is causal across calls)
-TAKES_PIECES = {"AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLKVAEVideo"}
+TAKES_PIECES = {"AutoencoderKLWan", "AutoencoderKLQwenImage", "AutoencoderKLKVAEVideo", "Kandinsky6SRVAE"}
 
 
 def family_latent(shape: tuple[int, int, int, int], batch: int = 1) -> Tensor:
@@ -180,9 +188,14 @@ def test_the_tiny_configs_build_their_classes() -> None:
 
 
 def test_a_class_streamvae_does_not_decode_is_a_type_error_listing_every_supported_one() -> None:
-    image_vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=4)
+    tiny = AutoencoderTiny(
+        encoder_block_out_channels=(8,),
+        decoder_block_out_channels=(8,),
+        num_encoder_blocks=(1,),
+        num_decoder_blocks=(1,),
+    )
     with pytest.raises(TypeError, match="supported diffusers classes") as caught:
-        chunked_decoder(image_vae)
+        chunked_decoder(tiny)
     assert all(name in str(caught.value) for name in FAMILIES)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from streamvae import read_entries
 from streamvae.pipelines import generate_mp4, stream_generation
-from streamvae.pipelines._capture import ClipSink, _ClipKeeper
+from streamvae.pipelines._capture import ClipKeeper, ClipSink
 from streamvae.pipelines._plans import Clips, PipelinePlan, find_plan, plans
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests.pipelines import BUILDERS, CORE
@@ -30,15 +30,8 @@ LOSSLESS = {"video_codec_options": {"threads": "1", "crf": "0"}}  # lossless lum
 NEW = {name: builder for name, builder in BUILDERS.items() if name not in CORE}  # CORE: test_generate.py
 #: builders of pipelines streamvae refuses (test_a_refused_pipeline_... says why)
 REFUSED = {
-    "framepack": "blends each decoded section",
-    "framepack_vanilla": "blends each decoded section",
-    "skyreels_v2_df_v2v": "input video's own frames in front",
-    "hunyuan_video_i2v": "drops the first decoded frames",
-    "hunyuan_video_i2v_token_replace": "drops the first decoded frames",
-    "stable_video_diffusion": "flattened into the batch",
-    "chronoedit": "decodes twice",
-    "motif_video": "several calls",
-    "wan_animate2_modular": "crops a letterbox region",
+    "easyanimate_control": "diffusers 0.42.1 cannot run it",
+    "ltx2_hdr": "linear HDR light",
 }
 HANG_GUARD = 300  # seconds: a generous bound on a tiny pipeline's call, so a hang fails instead of waiting
 
@@ -56,9 +49,16 @@ def reference(pipe: Any, kwargs: dict[str, Any]) -> tuple[np.ndarray, Any]:
     plan = find_plan(pipe, kwargs, owner="test")
     if plan.modular:
         output = pipe(**kwargs, output_type="np", output=list(plan.outputs))
-        return np.asarray(output[plan.outputs[0]]), output
+        videos = np.asarray(output[plan.outputs[0]])
+        return (videos[None] if videos.ndim == 4 else videos), output  # Cosmos 3's: one, no batch axis
     output = pipe(**kwargs, output_type="np")
-    return np.asarray(output.frames), output
+    if "images" in output:  # an image pipeline (Cosmos 2 text to image): each image a one-frame video
+        return np.asarray(output.images)[:, None], output
+    if "video" in output:  # Cosmos 3: one video a call, without a batch axis
+        return np.asarray(output.video)[None], output
+    frames = np.asarray(output.frames)
+    # SanaWMPipeline returns its one video's frames [F, H, W, 3], without the batch axis
+    return (frames[None] if frames.ndim == 4 else frames), output
 
 
 def assert_frames(video: bytes, frames: np.ndarray) -> None:
@@ -101,9 +101,19 @@ def assert_sound(video: bytes, waveform: np.ndarray) -> None:
 
 
 #: builders of pipelines that decode clip by clip (checked against their plans below)
-CLIPS = ["helios", "helios_pyramid", "wan_animate", "helios_modular"]
+CLIPS = [
+    "helios",
+    "helios_pyramid",
+    "wan_animate",
+    "helios_modular",
+    "helios_pyramid_modular",
+    "helios_pyramid_distilled_modular",
+    "wan_animate2_distilled_modular",
+    "wan_animate2_modular",
+    "cosmos2_5_transfer",  # issue 35, group C7
+]
 #: of those, the ones that decode while they denoise, and take a callback_on_step_end to show it
-STREAMED_WHILE_DENOISING = ["helios", "helios_pyramid", "wan_animate"]
+STREAMED_WHILE_DENOISING = ["helios", "helios_pyramid", "wan_animate", "cosmos2_5_transfer"]
 
 
 def test_the_clip_builders_are_those_whose_pipeline_decodes_clip_by_clip() -> None:
@@ -225,7 +235,7 @@ def as_output(chunks: list[torch.Tensor]) -> torch.Tensor:
 
 def test_a_clip_is_sent_as_decoded_and_only_what_the_final_trim_may_cut_waits() -> None:
     sent = Sent()
-    keeper = _ClipKeeper(plans()["HeliosPipeline"], {}, FakeHelios(), sent.sink(), "test")
+    keeper = ClipKeeper(plans()["HeliosPipeline"], {}, FakeHelios(), sent.sink(), "test")
     first, second = clip(33, 1), clip(33, 2)
     keeper.start_clip(1, (-1.0, 1.0))
     for piece in first.split(8, dim=2):
@@ -243,7 +253,7 @@ def test_a_clip_is_sent_as_decoded_and_only_what_the_final_trim_may_cut_waits() 
 
 def test_a_pipeline_that_kept_other_frames_than_those_sent_is_an_error_not_a_video() -> None:
     sent = Sent()
-    keeper = _ClipKeeper(plans()["HeliosPipeline"], {}, FakeHelios(), sent.sink(), "test")
+    keeper = ClipKeeper(plans()["HeliosPipeline"], {}, FakeHelios(), sent.sink(), "test")
     first = clip(33, 1)
     keeper.start_clip(1, (-1.0, 1.0))
     keeper.take(first)
@@ -264,7 +274,7 @@ def test_wan_animate_drops_the_conditioning_frames_of_later_segments_and_cuts_to
     class FakeAnimate:
         def __call__(self, prev_segment_conditioning_frames: int = 1) -> None: ...
 
-    keeper = _ClipKeeper(plan, kwargs, FakeAnimate(), sent.sink(), "test")
+    keeper = ClipKeeper(plan, kwargs, FakeAnimate(), sent.sink(), "test")
     segments = [clip(13, 1), clip(13, 2)]
     for segment in segments:
         keeper.start_clip(1, (-1.0, 1.0))
@@ -274,6 +284,43 @@ def test_wan_animate_drops_the_conditioning_frames_of_later_segments_and_cuts_to
     assert sent.count == 20
     keeper.finish(as_output([kept]))
     assert torch.equal(torch.cat(sent.frames, dim=2), kept)
+
+
+def _control_videos() -> list[Any]:
+    """Every form of ``controls`` Cosmos 2.5 Transfer's ``video_processor.preprocess_video`` reads."""
+    import PIL.Image
+
+    pixels = np.random.default_rng(5).integers(0, 256, (2, 7, 8, 8, 3), dtype=np.uint8)
+    frames = [PIL.Image.fromarray(frame) for frame in pixels[0]]
+    tensor = torch.from_numpy(pixels).permute(0, 1, 4, 2, 3).float() / 255
+    # one video as frames, as an array or a tensor; a batch as a list, an array or a tensor; one image
+    return [frames, pixels[0], tensor[0], [frames, frames], [tensor[0], tensor[1]], pixels, tensor, frames[0]]
+
+
+@pytest.mark.parametrize("controls", _control_videos())
+def test_cosmos_transfer_cuts_its_chunks_to_as_many_frames_as_the_pipeline_reads_off_its_controls(
+    controls: Any,
+) -> None:
+    """issue 35, group C7: the frames the plan counts are those of the pipeline's preprocessed controls."""
+    pipe, _ = NEW["cosmos2_5_transfer"]()
+    frames = int(pipe.video_processor.preprocess_video(controls, 8, 8).shape[2])
+    clips = plans()["Cosmos2_5_TransferPipeline"].clips
+    assert clips is not None
+    final_length = clips.final_length
+    assert final_length(100, {"controls": controls}, pipe) == frames
+    assert final_length(100, {"controls": controls, "num_frames": 3}, pipe) == min(frames, 3)
+    assert final_length(2, {"controls": controls}, pipe) == min(frames, 2)
+
+
+async def test_cosmos_transfer_with_a_longer_overlap_and_a_shorter_video_is_still_every_frame() -> None:
+    """issue 35, group C7: 2 latent frames of overlap (5 frames: chunks 0–8 and 4–12) and a cut to 11."""
+    pipe, make_kwargs = NEW["cosmos2_5_transfer"]()
+    options = {"num_ar_conditional_frames": None, "num_ar_latent_conditional_frames": 2, "num_frames": 11}
+    frames, _ = reference(pipe, make_kwargs(**options))
+    assert frames.shape[1] == 11
+    with anyio.fail_after(HANG_GUARD):
+        (video,) = await generate_mp4(pipe, fps=8, session_options=LOSSLESS, **make_kwargs(**options))
+    assert_frames(video, frames[0])
 
 
 async def test_a_plan_that_does_not_match_the_pipeline_fails_the_call_and_its_readers_loudly(
@@ -394,6 +441,82 @@ async def test_a_refused_pipeline_is_a_type_error_naming_why_before_any_step(nam
     finally:
         hook.remove()
     assert forwards == []
+
+
+#: calls of checked pipelines with an option their plan refuses (builder, the kwargs changed, why): LTX-Video
+#: long multi-prompt's tiled decode (4 × 4 tiles by default), Sana-Video's resolution binning at a size the
+#: transformer was not trained at (the tiny ones' ``sample_size`` 8 has no bins: 30 is the 480p model's)
+UNCHECKED_CALLS = [
+    ("ltx_long_multi_prompt", {}, "refused for this call: with decode_horizontal_tiles=4 and decode_"),
+    ("ltx_long_multi_prompt", {"decode_vertical_tiles": 2}, "decode_vertical_tiles=2 "),
+    ("sana_video", {"use_resolution_binning": True}, "a 32×32 video is generated at 624×624, the trained"),
+    ("sana_video_i2v", {"use_resolution_binning": True}, "resized back after vae.decode"),
+    # issue 35, group C3: Cosmos 2.5 Predict's frame repeats, Cosmos 3's sound and transfer workflow
+    ("cosmos2_5_predict", {"num_frames": 10}, "num_frames=10 is not 4·k"),
+    ("cosmos3", {"enable_sound": True}, "enable_sound=True: streamvae does not mux"),
+    ("cosmos3_modular", {"control_videos": {}}, "control_videos"),
+]
+
+
+@pytest.mark.parametrize(("name", "changed", "why"), UNCHECKED_CALLS)
+async def test_a_call_with_an_option_the_plan_refuses_is_a_type_error_before_any_step(
+    name: str, changed: dict[str, Any], why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipe, make_kwargs = NEW[name]()
+    if "use_resolution_binning" in changed:
+        config = {**pipe.transformer.config, "sample_size": 30}
+        monkeypatch.setattr(pipe.transformer, "_internal_dict", type(pipe.transformer.config)(config))
+    tiles = ("decode_horizontal_tiles", "decode_vertical_tiles")  # left out: the pipeline's defaults, 4 × 4
+    kwargs = {key: value for key, value in make_kwargs().items() if key not in tiles} | changed
+    forwards: list[int] = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        with pytest.raises(TypeError, match=why):
+            await generate_mp4(pipe, fps=8, **kwargs)
+        with pytest.raises(TypeError, match=why):
+            async with stream_generation(pipe, fps=8, **kwargs):
+                pass
+    finally:
+        hook.remove()
+    assert forwards == []
+
+
+def test_easyanimate_control_is_refused_because_diffusers_itself_cannot_run_it() -> None:
+    """The refusal holds only while diffusers' own call fails: a release that fixes it fails this test."""
+    pipe, make_kwargs = NEW["easyanimate_control"]()
+    with pytest.raises(TypeError, match="text_encoder_index"):
+        pipe(**make_kwargs(), output_type="np")
+    assert not hasattr(pipe, "decode_latents")
+
+
+class CosmosSafetyChecker:
+    """Named as cosmos_guardrail's checker, the one streamvae refuses: it sees the whole decoded video."""
+
+
+@pytest.mark.parametrize(
+    "name", ["cosmos_t2w", "cosmos2_5_predict", "cosmos2_5_transfer", "cosmos3", "cosmos3_modular"]
+)
+async def test_a_cosmos_pipeline_with_the_real_guardrail_is_refused_before_any_step(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipe, make_kwargs = NEW[name]()
+    monkeypatch.setattr(pipe, "safety_checker", CosmosSafetyChecker())
+    with pytest.raises(TypeError, match="its CosmosSafetyChecker checks the whole decoded video"):
+        await generate_mp4(pipe, fps=8, **make_kwargs())
+    if name == "cosmos3":  # the call's own opt-out: the pipeline then checks nothing, and streams
+        assert find_plan(pipe, {**make_kwargs(), "enable_safety_check": False}, owner="test")
+
+
+async def test_kandinsky6_without_its_sound_says_how_to_write_silent_videos() -> None:
+    pipe, make_kwargs = NEW["kandinsky6"]()
+    kwargs = make_kwargs(sample_audio=False)
+    with anyio.fail_after(HANG_GUARD), pytest.raises(ValueError, match="sample_audio=False made no sound"):
+        await generate_mp4(pipe, fps=8, **kwargs)
+    silent = {**LOSSLESS, "audio_waveforms": [None], "audio_sample_rate": 16000}
+    with anyio.fail_after(HANG_GUARD):
+        (video,) = await generate_mp4(pipe, fps=8, session_options=silent, **make_kwargs(sample_audio=False))
+    assert read_mp4(video).audio_channels is None
+    assert_frames(video, np.asarray(pipe(**make_kwargs(sample_audio=False), output_type="np").frames)[0])
 
 
 async def test_a_modular_pipeline_takes_only_its_inputs_and_leaves_output_to_streamvae() -> None:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import av
 import pytest
 import torch
 import torch.distributed as dist
@@ -33,7 +32,7 @@ from streamvae.models import ChunkedDecoder, DecodeState
 from streamvae.models.wan import WanChunkedDecoder
 from streamvae.testing import check_chunked_decoder, enable_small_tiling, foreign_threads, open_containers
 from tests._adapters import FrameDecoder, FrameVAE
-from tests._media import DETERMINISTIC_X264, read_mp4
+from tests._media import DETERMINISTIC_X264, REFUSED_AT_OPEN, read_mp4
 from tests._vaes import latent, tiny_qwen_image, tiny_wan21, tiny_wan22
 
 pytestmark = pytest.mark.anyio
@@ -363,8 +362,8 @@ async def test_leaving_the_block_early_aborts_ends_the_state_and_leaves_nothing_
 async def test_an_encoder_failure_is_raised_as_it_is_by_push_or_finish() -> None:
     vae = tiny_wan21()
     z = latent(vae, frames=6, h=4, w=4)
-    with pytest.raises(av.error.FFmpegError):
-        async with open_latent_stream(vae, fps=16, video_codec_options={"preset": "nope"}) as stream:
+    with pytest.raises(ValueError, match="libx264 refuses x264-params"):
+        async with open_latent_stream(vae, fps=16, video_codec_options=REFUSED_AT_OPEN) as stream:
             for k in range(6):
                 await stream.push_latents(z[:, :, k : k + 1])
             await stream.finish()

@@ -381,7 +381,10 @@ async def test_push_audio_after_a_failure_raises_the_failure() -> None:
             {"audio_channels": 1, "audio_sample_rate": None},
             "audio_sample_rate must be a positive int when audio_channels",
         ),
-        ({"audio_channels": 1, "audio_sample_rate": 0}, "audio_sample_rate must be an int >= 1"),
+        (
+            {"audio_channels": 1, "audio_sample_rate": 0},
+            "audio_sample_rate must be an int from 1000 to 768000",
+        ),
         (
             {"audio_channels": 1, "audio_waveforms": [np.zeros(10, np.float32)]},
             "audio_channels and audio_waveforms exclude each other",

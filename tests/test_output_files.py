@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import av
 import pytest
 import torch
 
 from streamvae import ChunkedVideoMP4Session
 from streamvae.testing import open_containers
-from tests._media import DETERMINISTIC_X264, read_mp4, wan_like_chunks
+from tests._media import DETERMINISTIC_X264, REFUSED_AT_OPEN, read_mp4, wan_like_chunks
 
 ROOT = Path(__file__).parents[1]
 PINNED = DETERMINISTIC_X264  # byte-identical MP4s for identical frames
@@ -172,8 +171,8 @@ async def test_a_failed_session_leaves_the_earlier_file_byte_for_byte(
 ) -> None:
     path = earlier_render(tmp_path, mode=0o600)
     if failure == "codec option":
-        expected: type[Exception] = av.error.FFmpegError  # x264 rejects the preset when it opens
-        options = {"threads": "1", "preset": "nope"}
+        expected: type[Exception] = ValueError  # x264 refuses the crop when it opens
+        options = {"threads": "1", **REFUSED_AT_OPEN}
     else:
         expected, options = BodyError, LOW_LATENCY
     with pytest.raises(expected):

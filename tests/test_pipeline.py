@@ -21,7 +21,7 @@ from streamvae._pipeline import StagePipeline, StageSpan
 from streamvae._sinks import Arrivals, MP4ByteStream
 from streamvae._statistics import LatencyRecorder
 from streamvae.testing import open_containers
-from tests._media import DETERMINISTIC_X264, moving_pattern, psnr, read_mp4, to_rgb_uint8
+from tests._media import DETERMINISTIC_X264, REFUSED_AT_OPEN, moving_pattern, psnr, read_mp4, to_rgb_uint8
 from tests._spies import count_transfers
 
 pytestmark = pytest.mark.anyio
@@ -269,7 +269,7 @@ async def test_nonfinite_ignore_encodes_frames_holding_nan() -> None:
 async def test_an_encoder_that_fails_to_open_is_recorded_and_the_pipeline_stops_itself() -> None:
     containers = open_containers()
     chunks = clip([2, 3], batch=2, height=16, width=16)
-    options = pipeline_options(video_codec_options={"threads": "1", "preset": "no-such-preset"})
+    options = pipeline_options(video_codec_options={"threads": "1", **REFUSED_AT_OPEN})
     pipeline, failure = build(chunks[0], options)
     with anyio.fail_after(60):  # hang guard: no end_input, the pipeline must stop by itself
         async with anyio.create_task_group() as tg:
@@ -277,7 +277,7 @@ async def test_an_encoder_that_fails_to_open_is_recorded_and_the_pipeline_stops_
             await send_until_stopped(pipeline, chunks)
             await pipeline.done.wait()
     (error,) = failure.errors  # every entry's encoder shares the open: recorded once
-    assert isinstance(error, av.error.FFmpegError)
+    assert isinstance(error, ValueError) and isinstance(error.__cause__, av.error.FFmpegError)
     with pytest.raises(STOPPED):
         await pipeline.send(chunks[0], None)
     assert pipeline.encoder_name is None and pipeline.frames_encoded == 0

@@ -238,10 +238,11 @@ async def test_a_generator_whose_check_interaction_has_a_bug_fails_the_session_n
     async with connect(app) as client:
         await first_piece(client, {"type": "session.start"})
         await client.send_json(interaction("e1", {"prompt": "a"}))
-        while (message := await client.receive_json())["type"] == "video.chunk_metadata":
-            await client.receive_bytes()
+        answer = await client.receive_other([])  # the interaction's one answer comes first
         gate.set()
+        message = await client.receive_other([])
         assert await client.closed() == 1011
+    assert answer["type"] == "error" and answer["code"] == "interaction_failed", answer
     assert message["type"] == "error" and message["code"] == "generation_failed", message
     assert "the server's log has why" in message["message"], message  # a server's bug is not told
     assert "the checker's own bug" in caplog.text

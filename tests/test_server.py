@@ -21,7 +21,7 @@ from streamvae.models import chunked_decoder
 from streamvae.server import VideoRequest, create_app
 from streamvae.server._admission import Admission, Ticket
 from streamvae.testing import foreign_threads, open_containers
-from tests._media import read_mp4
+from tests._media import REFUSED_AT_OPEN, read_mp4
 from tests._server import EventLog, GatedDecoder, fetch, get_once, running_server, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -174,7 +174,7 @@ async def test_a_reader_that_stalls_is_cut_off_and_its_decode_cancelled(events: 
 
 
 async def test_a_decode_that_fails_before_its_first_byte_is_a_500(events: EventLog) -> None:
-    app = create_app(on_event=events, session_options={"video_codec_options": {"preset": "nope"}})
+    app = create_app(on_event=events, session_options={"video_codec_options": REFUSED_AT_OPEN})
     with running_server(app) as url:
         async with httpx.AsyncClient(base_url=url, timeout=120) as client:
             response = await client.get("/video.mp4?frames=5&size=32")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         NoEncoderError,
         RingAbortedError,
         SessionClosedError,
+        SigningError,
         StreamVAEError,
         UnreadStreamError,
     )
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from streamvae._options import SessionKeywords, SessionOptions
     from streamvae._pipeline import StageSpan
     from streamvae._protocol import ChunkPublisher, SupportsChunkedVAEDecode, publish_chunks
+    from streamvae._provenance import Provenance
     from streamvae._quantize import PerChannelRange, quantize_chunk, quantize_chunk_yuv420
     from streamvae._session import ChunkedVideoMP4Session
     from streamvae._sinks import MP4ByteStream, read_entries
@@ -45,11 +47,13 @@ _HOMES = {
     "NoEncoderError": "_errors",
     "PerChannelRange": "_quantize",
     "PinnedChunkRing": "_transfer",
+    "Provenance": "_provenance",
     "RingAbortedError": "_errors",
     "SessionClosedError": "_errors",
     "SessionKeywords": "_options",
     "SessionOptions": "_options",
     "SessionStatistics": "_statistics",
+    "SigningError": "_errors",
     "StageSpan": "_pipeline",
     "StreamVAEError": "_errors",
     "SupportsChunkedVAEDecode": "_protocol",
@@ -75,11 +79,13 @@ __all__ = [
     "NoEncoderError",
     "PerChannelRange",
     "PinnedChunkRing",
+    "Provenance",
     "RingAbortedError",
     "SessionClosedError",
     "SessionKeywords",
     "SessionOptions",
     "SessionStatistics",
+    "SigningError",
     "StageSpan",
     "StreamVAEError",
     "SupportsChunkedVAEDecode",

@@ -4,9 +4,11 @@
 Each video encoder streamvae knows more of than FFmpeg's defaults is one :class:`Rung` record: its name,
 how the codec-neutral options (``crf`` on x264's 0–51, an x264 ``preset``, ``threads``, ``g``) read in its
 own terms, how it is held to a keyframe cadence (``keyframe_interval``: a keyframe exactly every N frames,
-none at scene cuts), whether it looks ahead, and the codec string its MP4 carries. :data:`VIDEO_RUNGS` is
-the ladder, in the order ``"auto"`` climbs it; a new rung is one record there, and every default,
-translation, error message and probe follows from it. Everything here is decided before an encoder opens
+none at scene cuts), whether it looks ahead, the codec string its MP4 carries, the frame sizes it takes (and
+the options a size needs: SVT-AV1 never returns from short frames at more than one thread) and how its own
+log is kept to errors (x265's and SVT-AV1's banners). :data:`VIDEO_RUNGS` is the ladder, in the order
+``"auto"`` climbs it; a new rung is one record there, and every default, translation, error message and
+probe follows from it. Everything here is decided before an encoder opens
 (``SessionOptions`` checks with it); ``_encode`` opens the container and the codec with it, and climbs the
 ladder when an open fails.
 
@@ -50,12 +52,17 @@ __all__ = [
     "OutputKind",
     "Rung",
     "audio_encoder",
+    "audio_encoder_rate",
     "auto_codec_options",
     "auto_video_codec",
     "check_video_codec",
     "default_codec_options",
     "encode_failure",
+    "for_frame_size",
+    "frame_size_refusal",
     "merge_codec_options",
+    "quiet_encoder_logs",
+    "refused_option",
     "video_rung",
     "with_keyframe_cadence",
 ]
@@ -70,6 +77,21 @@ OutputKind = Literal["mp4", "fragmented"]
 AUDIO_LADDER = ("aac", "libopus")
 #: The one rate Opus takes here: a track at another rate is resampled to it (Opus has no 44.1 kHz).
 OPUS_SAMPLE_RATE = 48_000
+
+
+def audio_encoder_rate(codec: str, sample_rate: int) -> int:
+    """The rate audio encoder ``codec`` is opened at for a track of ``sample_rate`` Hz (a track at another
+    rate is resampled to it): Opus always :data:`OPUS_SAMPLE_RATE`; AAC the track's own rate where it takes
+    it, else the lowest of its rates above it (none of the track's sound is lost), else its highest. FFmpeg's
+    AAC encoder takes 13 rates from 7350 to 96000 Hz, and refuses to open at any other (44000, 192000).
+    """
+    if codec != "aac":
+        return OPUS_SAMPLE_RATE
+    rates = sorted(av.codec.Codec(codec, "w").audio_rates or (sample_rate,))
+    if sample_rate in rates:
+        return sample_rate
+    return next((rate for rate in rates if rate > sample_rate), rates[-1])
+
 
 #: What a failed open of an encoder raises: FFmpeg's refusal, or a name this PyAV build has no encoder for.
 OPEN_FAILURES = (av.FFmpegError, av.codec.codec.UnknownCodecError)
@@ -94,6 +116,7 @@ def encode_failure(codec: str) -> str | None:
 
 def _probe(codec: str) -> str | None:
     """Encode two 64×64 frames (a video encoder) or 20 ms of silence (an audio one) with ``codec``."""
+    quiet_encoder_logs(codec)
     try:
         context: Any = av.codec.CodecContext.create(codec, "w")
         if context.type == "audio":
@@ -153,6 +176,62 @@ def _first_that_encodes(kind: Literal["video", "audio"], ladder: tuple[str, ...]
     raise NoEncoderError(kind, tried)
 
 
+def quiet_encoder_logs(codec: str) -> None:
+    """Keep ``codec``'s own log off the process's stderr unless the user asked for it: set its rung's
+    :attr:`Rung.log_environment` where the environment has no value of the user's.
+
+    SVT-AV1 prints a 20-line banner at every open, which floods a server's log (x265 does too, and is
+    quieted through its options, :attr:`Rung.quiet`). SVT-AV1 takes no option for it: it reads ``SVT_LOG``
+    once per process, at its first message, so this runs before every open and probe of it; a user who
+    wants its banner sets ``SVT_LOG=3``.
+    """
+    rung = video_rung(codec)
+    if rung is not None and rung.log_environment is not None:
+        os.environ.setdefault(*rung.log_environment)
+
+
+def refused_option(
+    codec: str, given: Mapping[str, str], others: Mapping[str, str], height: int = 64, width: int = 64
+) -> str | None:
+    """Why ``codec`` refuses the user's options ``given`` over streamvae's ``others`` (its defaults and
+    translations), in words that name the option, its value and the encoder; None when it opens with them
+    at ``height``×``width``, or when it does not open even with FFmpeg's defaults (then no option is at
+    fault, and the open's own error says why).
+
+    FFmpeg reads an option's value only when the encoder opens (``avcodec_open2``), and its error names
+    no option: test opens of the codec alone (no container, no frame), with each option alone, find the
+    one (the user's first); options that are refused only together are named together.
+    """
+    options = {**others, **given}
+    failure = _open_failure(codec, options, height, width)
+    if failure is None or _open_failure(codec, {}, height, width) is not None:
+        return None
+    for name, value in {**given, **options}.items():
+        alone = _open_failure(codec, {name: value}, height, width)
+        if alone is not None:
+            return f"video_codec_options: {codec} refuses {name}={_shown(value)} (FFmpeg: {alone})"
+    theirs = [f"{name}={_shown(value)}" for name, value in given.items()]
+    ours = [f"{name}={_shown(value)}" for name, value in options.items() if name not in given]
+    named = ", ".join(theirs) + (f" with streamvae's {', '.join(ours)}" if ours else "")
+    return f"video_codec_options: {codec} refuses {named} (FFmpeg: {failure})"
+
+
+def _open_failure(codec: str, options: Mapping[str, str], height: int, width: int) -> str | None:
+    """FFmpeg's words if ``codec`` does not open for ``height``×``width`` frames with ``options`` (and
+    its log kept quiet, as every open is)."""
+    quiet_encoder_logs(codec)
+    context: Any = av.codec.CodecContext.create(codec, "w")
+    context.width, context.height = width, height
+    context.pix_fmt = ENCODER_PIXEL_FORMAT
+    context.time_base = Fraction(1, 16)
+    context.options = _quieted(codec, options)
+    try:
+        context.open()
+    except av.FFmpegError as error:
+        return str(error.strerror or error)
+    return None
+
+
 # -- a named encoder: its checks and defaults --
 
 
@@ -185,7 +264,7 @@ ENCODER_PIXEL_FORMAT = "yuv420p"
 def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -> None:
     """Raise ValueError unless ``codec`` names a video encoder of this PyAV build that can write this
     library's video, and every key of ``options`` is an option that encoder has (FFmpeg would silently
-    ignore an unknown one).
+    ignore an unknown one), with a value it opens with (a test open; :func:`_refused_at_door`).
 
     It can when the MP4 muxer takes its stream and it takes :data:`ENCODER_PIXEL_FORMAT` frames, which
     every encoder is opened for: one that takes only RGB (``libx264rgb``, ``png``) would refuse to open
@@ -226,6 +305,25 @@ def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -
         if name not in known:
             hint = did_you_mean(name, sorted(known), most=3)
             raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
+    checked = {name: value for name, value in (options or {}).items() if not name.endswith("-params")}
+    if checked:
+        refusal = _refused_at_door(codec, tuple(checked.items()))
+        if refusal is not None:
+            raise ValueError(refusal)
+
+
+@functools.lru_cache(maxsize=256)
+def _refused_at_door(codec: str, options: tuple[tuple[str, str], ...]) -> str | None:
+    """:func:`refused_option` for the user's ``options`` over the defaults, at a size every encoder takes:
+    a value FFmpeg refuses (``crf="banana"``) is an error here, not at the first frame. Once per process
+    and set of options: a server builds the same options for every request.
+
+    An encoder's own parameter list (``x264-params``, ``svtav1-params``...) is left to the open, which
+    names a refusal as well: its parameters may depend on the frame size (x264's ``crop-rect``), which the
+    door does not know.
+    """
+    given = dict(options)
+    return refused_option(codec, given, merge_codec_options(codec, given))
 
 
 def _try_instead() -> str:
@@ -258,12 +356,24 @@ def merge_codec_options(
     """The user's codec options over :func:`default_codec_options`; the default crf is left out when the
     user picked another rate control (``qp``, ``b``), which x264 would otherwise ignore in favour of crf.
     A user's ``tune`` replaces the default zerolatency (and so may bring the lookahead back), as a user's
-    ``svtav1-params`` replaces SVT-AV1's default one (and its real-time mode with it)."""
+    ``svtav1-params`` replaces SVT-AV1's default one (and its real-time mode with it). x265 logs errors
+    only (:attr:`Rung.quiet`) unless the user's ``x265-params`` sets its ``log-level``."""
     merged = default_codec_options(codec, output)
     options = dict(options or {})
     if _RATE_CONTROL_OPTIONS & options.keys():
         merged.pop("crf", None)
-    return {**merged, **options}
+    return _quieted(codec, {**merged, **options})
+
+
+def _quieted(codec: str, options: Mapping[str, str]) -> dict[str, str]:
+    """``options`` with ``codec``'s :attr:`Rung.quiet` parameters merged into their lists, where the
+    user's list does not set them (a ``log-level`` of the user's is asking for the log)."""
+    quieted = dict(options)
+    rung = video_rung(codec)
+    for name, parameters in () if rung is None else rung.quiet:
+        given = quieted.get(name)
+        quieted[name] = parameters if not given else _merged_parameters(parameters, given)
+    return quieted
 
 
 # -- the codec-neutral options of "auto" --
@@ -401,6 +511,17 @@ class Rung:
     copies_frames: bool = False
     #: named by ``video_codec``, it opens with :func:`_neutral_defaults` in its terms; False: FFmpeg's own
     named_defaults: bool = True
+    #: (option, ``key=value`` parameters) that keep its own log to errors, merged into that parameter list
+    #: unless the user's list sets the key (:func:`merge_codec_options`)
+    quiet: tuple[tuple[str, str], ...] = ()
+    #: (variable, value) that keeps its own log to errors where it takes no option for it, set unless the
+    #: user set the variable (:func:`quiet_encoder_logs`)
+    log_environment: tuple[str, str] | None = None
+    #: the smallest height and width it opens for (:func:`frame_size_refusal`)
+    smallest_side: int = 1
+    #: its options for frames of a size (height, width): those it would hang at, changed
+    #: (:func:`for_frame_size`); None: the same for every size
+    sized: Callable[[Mapping[str, str], int, int], dict[str, str]] | None = None
 
     def options(self, neutral: Mapping[str, str], output: OutputKind) -> dict[str, str]:
         """``neutral`` in this encoder's terms; a look-ahead encoder's fragmented output gets zerolatency."""
@@ -514,6 +635,45 @@ def _merged_parameters(parameters: str, overrides: str) -> str:
     return ":".join(f"{key}={value}" if value else key for key, value in items.items())
 
 
+def frame_size_refusal(codec: str, height: int, width: int) -> str | None:
+    """Why ``codec`` cannot encode ``height``×``width`` frames (a side under its :attr:`Rung.smallest_side`),
+    or None. A named encoder is refused at the first chunk; ``"auto"`` climbs past the rung."""
+    rung = video_rung(codec)
+    if rung is None or min(height, width) >= rung.smallest_side:
+        return None
+    side = rung.smallest_side
+    return f"{codec} encodes frames of at least {side}×{side} pixels, got {height}×{width}"
+
+
+def for_frame_size(codec: str, options: Mapping[str, str], height: int, width: int) -> dict[str, str]:
+    """``options`` (an encoder's, merged and translated) for ``height``×``width`` frames: its rung's
+    :attr:`Rung.sized` changes, or the same options."""
+    rung = video_rung(codec)
+    if rung is None or rung.sized is None:
+        return dict(options)
+    return rung.sized(options, height, width)
+
+
+#: SVT-AV1 encodes frames with a side under this at ``lp=1`` (:func:`_svtav1_sized`)
+_SVT_SHORT_SIDE = 32
+
+
+def _svtav1_sized(options: Mapping[str, str], height: int, width: int) -> dict[str, str]:
+    """libsvtav1, frames with a side under 32 pixels: ``lp=1`` in its ``svtav1-params``, whatever was asked.
+
+    SVT-AV1 (4.1, measured over short sides 4–64 against long sides 8–4096) never returns from encoding
+    frames with a side of 24 pixels or fewer when it runs more than one thread (``lp`` 2–6, its own choice,
+    or ``threads``), and no cancellation reaches into it; at ``lp=1`` every size from 4×4 encodes in
+    milliseconds. 32 leaves a margin. ``lp`` sets how many threads it runs, and such frames are small.
+    """
+    if min(height, width) >= _SVT_SHORT_SIDE:
+        return dict(options)
+    sized = dict(options)
+    given = sized.get("svtav1-params")
+    sized["svtav1-params"] = "lp=1" if not given else _merged_parameters(given, "lp=1")
+    return sized
+
+
 def _given(**options: str | None) -> dict[str, str]:
     """The options that have a value."""
     return {name: value for name, value in options.items() if value is not None}
@@ -525,12 +685,29 @@ def _given(**options: str | None) -> dict[str, str]:
 VIDEO_RUNGS = (
     Rung("h264_nvenc", _as_nvenc, _nvenc_cadence, lookahead=False, codecs="avc1", named_defaults=False),
     Rung("libx264", _as_x264, _x264_cadence, lookahead=True, codecs="avc1", copies_frames=True),
-    Rung("libsvtav1", _as_svtav1, _svtav1_cadence, lookahead=False, codecs="av01"),
+    Rung(
+        "libsvtav1",
+        _as_svtav1,
+        _svtav1_cadence,
+        lookahead=False,
+        codecs="av01",
+        log_environment=("SVT_LOG", "1"),  # 1: errors (its banner and warnings are 3 and 2)
+        smallest_side=4,  # its open refuses a side under 4
+        sized=_svtav1_sized,
+    ),
     Rung("libvpx-vp9", _as_vp9, _vp9_cadence, lookahead=False, codecs="vp09"),
 )
 #: Configured as libx264 is (its cadence in x265's terms), and never climbed to: few browsers play HEVC
 #: from MP4.
-_LIBX265 = Rung("libx265", _as_x264, _x265_cadence, lookahead=True, codecs=None, copies_frames=True)
+_LIBX265 = Rung(
+    "libx265",
+    _as_x264,
+    _x265_cadence,
+    lookahead=True,
+    codecs=None,
+    copies_frames=True,
+    quiet=(("x265-params", "log-level=error"),),  # else a banner at every open, a summary at every close
+)
 _RUNGS = {rung.name: rung for rung in (*VIDEO_RUNGS, _LIBX265)}
 #: the ladder as messages name it
 _LADDER_NAMES = ", ".join(rung.name for rung in VIDEO_RUNGS)

@@ -14,19 +14,27 @@ with one interface: :class:`FragmentedTarget` (fragments handed on as the muxer 
 :class:`LiveAudioTrack` whether the audio is pushed as it is made or given whole (a track that is already
 complete). The climb down ``video_codec="auto"``'s ladder when an open fails is here; what each codec is
 opened with (the rung table, defaults, checks and probes) is ``_codec_options``'. A soundtrack is AAC at
-the waveform's own rate where this build has an AAC encoder; else Opus, resampled to 48 kHz (Opus takes no
-44.1 kHz), on the same timeline.
+the waveform's own rate where this build has an AAC encoder and AAC takes that rate (else resampled to one
+it takes); else Opus, resampled to 48 kHz (Opus takes no 44.1 kHz), on the same timeline.
+
+Each encoder's calls run in a thread of its own, :class:`EncoderWorker`, whose caller can leave when
+cancelled: an encoder is C code that may never return, and nothing may hold a cancelled caller.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import queue
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import av
 import numpy as np
 from av.video.reformatter import ColorRange, Colorspace
@@ -34,13 +42,17 @@ from av.video.reformatter import ColorRange, Colorspace
 from streamvae._codec_options import (
     ENCODER_PIXEL_FORMAT,
     OPEN_FAILURES,
-    OPUS_SAMPLE_RATE,
     VIDEO_RUNGS,
     OutputKind,
     audio_encoder,
+    audio_encoder_rate,
     auto_codec_options,
     encode_failure,
+    for_frame_size,
+    frame_size_refusal,
     merge_codec_options,
+    quiet_encoder_logs,
+    refused_option,
     video_rung,
     with_keyframe_cadence,
 )
@@ -48,13 +60,18 @@ from streamvae._errors import NoEncoderError
 from streamvae._fragments import FragmentCutter, MP4Piece, codec_string
 from streamvae._live_audio import LiveAudioTrack, samples_for_frames
 from streamvae._output_file import OutputFile
+from streamvae._provenance import Provenance
 from streamvae._quantize import PixelFormat
+from streamvae._xmp import xmp_mark
 
 __all__ = [
+    "ENCODER_GRACE_SECONDS",
+    "EncoderWorker",
     "EntryEncoder",
     "FaststartTarget",
     "FragmentedTarget",
     "OutputTarget",
+    "end_workers",
     "faststart_io_open",
     "open_containers",
     "open_entry_encoders",
@@ -119,14 +136,16 @@ class FragmentedTarget:
     """Fragmented MP4 (``output="fragmented"``): every fragment is handed on as the muxer writes it.
 
     The muxer writes into a :class:`_ByteCollector`; its bytes are cut once, by a :class:`FragmentCutter`,
-    into whole fragments that know their frames.
+    into whole fragments that know their frames. ``mark``: boxes the cutter puts after the ``moov`` (the
+    XMP mark); the bytes handed on are then the pieces', which hold it.
     """
 
-    def __init__(self, fps: Fraction, fragment_frames: int) -> None:
+    def __init__(self, fps: Fraction, fragment_frames: int, mark: bytes = b"") -> None:
         self._fps = fps
         self._fragment_frames = fragment_frames
         self._collector = _ByteCollector()
-        self._cutter = FragmentCutter()
+        self._cutter = FragmentCutter(mark)
+        self._marked = bool(mark)
 
     def muxer_options(self) -> dict[str, str]:
         """A fragment every ``fragment_frames`` frames, whatever the keyframes.
@@ -151,12 +170,15 @@ class FragmentedTarget:
 
     def take(self) -> tuple[bytes, list[MP4Piece]]:
         data = self._collector.take()
-        return data, self._cutter.feed(data) if data else []
+        pieces = self._cutter.feed(data) if data else []
+        return (b"".join(piece.data for piece in pieces) if self._marked else data), pieces
 
     def finish(self, frames: int) -> tuple[bytes, list[MP4Piece]]:
         data, pieces = self.take()
         rest = self._cutter.rest()  # what follows the last fragment: the mfra
-        return data, pieces if rest is None else [*pieces, rest]
+        if rest is None:
+            return data, pieces
+        return (data + rest.data if self._marked else data), [*pieces, rest]
 
 
 class FaststartTarget:
@@ -185,9 +207,9 @@ class FaststartTarget:
         return data, [piece]
 
 
-def _target(output: OutputKind, fps: Fraction, fragment_frames: int) -> OutputTarget:
+def _target(output: OutputKind, fps: Fraction, fragment_frames: int, mark: bytes) -> OutputTarget:
     if output == "fragmented":
-        return FragmentedTarget(fps, fragment_frames)
+        return FragmentedTarget(fps, fragment_frames, mark)
     return FaststartTarget(fps)
 
 
@@ -229,9 +251,10 @@ class _ByteCollector:
 class _Soundtrack:
     """An entry's audio stream in its container, fed from one :class:`LiveAudioTrack` up to the video's time.
 
-    AAC at the track's rate, or where this build has no AAC encoder Opus at 48 kHz through a resampler (to
-    the packed samples libopus takes, whatever the rate). Every call continues the one stream, which starts
-    at 0 like the video.
+    AAC, or where this build has no AAC encoder Opus, at the rate the encoder takes for the track's
+    (:func:`audio_encoder_rate`: AAC at the track's own where it takes it, Opus at 48 kHz). A track at
+    another rate, or in other samples than the encoder's (libopus takes packed ones), goes through a
+    resampler. Every call continues the one stream, which starts at 0 like the video.
     """
 
     def __init__(self, container: Any, track: LiveAudioTrack, sample_rate: int) -> None:
@@ -240,11 +263,11 @@ class _Soundtrack:
         self._track = track
         self._rate = sample_rate
         self._layout = "mono" if track.channels == 1 else "stereo"
-        rate = sample_rate if self.codec == "aac" else OPUS_SAMPLE_RATE
+        self._encoder_rate = rate = audio_encoder_rate(self.codec, sample_rate)
         self._stream = container.add_stream(self.codec, rate=rate, layout=self._layout)
-        self._resampler: Any = None  # Opus: the track's rate → 48 kHz
-        if self.codec != "aac":
-            encoded = self._stream.codec_context.format.name  # the stream's own: s16 for libopus
+        self._resampler: Any = None  # the track's rate and samples → the encoder's
+        encoded = self._stream.codec_context.format.name  # the stream's own: s16 for libopus
+        if rate != sample_rate or encoded != "fltp":
             self._resampler = av.AudioResampler(format=encoded, layout=self._layout, rate=rate)
         self._sent = 0  # samples of the track's rate encoded so far
         self._out = 0  # samples the audio encoder was given, at its own rate
@@ -280,7 +303,7 @@ class _Soundtrack:
         """Encode resampled ``frames``, stamped with the samples before them at the encoder's rate: the
         resampler's own timestamps round, and a track stamped by its sample count never drifts."""
         for frame in frames:
-            frame.pts, frame.time_base = self._out, Fraction(1, OPUS_SAMPLE_RATE)
+            frame.pts, frame.time_base = self._out, Fraction(1, self._encoder_rate)
             self._out += frame.samples
             _mux(self._container, self._stream.encode(frame))
 
@@ -288,6 +311,103 @@ class _Soundtrack:
 def _mux(container: Any, packets: list[Any]) -> None:
     if packets:
         container.mux(packets)
+
+
+# -- the encoder's worker: calls a cancelled caller can leave --
+
+_T = TypeVar("_T")
+
+
+class EncoderWorker:
+    """The thread one entry's encoder runs in: its calls run there in turn, and a cancelled caller leaves
+    without waiting for the call it was in.
+
+    An encoder is C code that may never return (SVT-AV1 did, on frames of few rows), and no cancellation
+    reaches into it. A caller waiting on an anyio worker thread would be held as long, and at exit the
+    interpreter would wait for that thread too. Here the caller waits on an event the call sets, so a cancel
+    gets it out at once, as the ring's copy wait does; the call goes on in this thread, a daemon that holds
+    no exit, and :meth:`EntryEncoder.close` leaves the release of what the call holds to the call itself.
+    :func:`end_workers` then gives the calls in flight a grace to return, so that a session that stops
+    normally leaves nothing open.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._last: anyio.Event | None = None  # set once the last call submitted has returned
+        self._lock = threading.Lock()
+
+    async def run(self, func: Callable[..., _T], *args: Any, limiter: anyio.CapacityLimiter) -> _T:
+        """``func(*args)`` in this worker's thread, holding one of ``limiter``'s tokens; its result, or its
+        exception. Cancelled, it leaves at once (and gives the token back): the call runs on unwaited."""
+        token = anyio.lowlevel.current_token()
+        done = anyio.Event()
+        outcome: list[tuple[Any, BaseException | None]] = []
+
+        def call() -> None:
+            try:
+                outcome.append((func(*args), None))
+            except BaseException as error:  # handed to the caller, who raises it
+                outcome.append((None, error))
+            with contextlib.suppress(RuntimeError):  # the event loop has ended: nobody waits any more
+                anyio.from_thread.run_sync(done.set, token=token)
+
+        async with limiter:
+            self._submit(call, done)
+            await done.wait()
+        result, error = outcome.pop()
+        if error is None:
+            return result  # type: ignore[no-any-return]
+        try:
+            raise error
+        finally:
+            del error  # no cycle through its traceback and this frame
+
+    def stop(self) -> None:
+        """No more calls: the thread ends once those queued have run (a call that never returns keeps it)."""
+        self._calls.put(None)
+
+    async def join(self) -> None:
+        """After :meth:`stop`: wait until the last call returned (a cancel leaves this wait), then until the
+        thread ended (at once: it has only to read the stop)."""
+        with self._lock:
+            last, thread = self._last, self._thread
+        if last is None or thread is None:
+            return
+        await last.wait()
+        await anyio.to_thread.run_sync(thread.join, limiter=anyio.CapacityLimiter(1))
+
+    def _submit(self, call: Callable[[], None], done: anyio.Event) -> None:
+        with self._lock:
+            self._last = done
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name=self._name, daemon=True)
+                self._thread.start()
+        self._calls.put(call)
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+
+
+#: How long a stopping pipeline waits for its encoders' calls in flight to return (:func:`end_workers`).
+#: An encode or a flush takes milliseconds to a second; a call still running after this is left to its
+#: thread, which releases what it holds if it ever returns.
+ENCODER_GRACE_SECONDS = 5.0
+
+
+async def end_workers(encoders: Sequence[EntryEncoder]) -> None:
+    """Wait for the worker of every encoder (each closed: its worker stopped) to end, shielded from
+    cancellation for at most :data:`ENCODER_GRACE_SECONDS` in all.
+
+    A call a cancelled caller left is usually a moment from returning, and returning it releases its
+    container: waiting for it is what lets a cancelled or failed session leave no container and no thread
+    behind. An encoder that never returns is left after the grace, so a cancelled caller gets out.
+    """
+    with anyio.move_on_after(ENCODER_GRACE_SECONDS, shield=True):
+        for encoder in encoders:
+            await encoder.worker.join()
 
 
 # -- the encoder of one entry --
@@ -303,10 +423,15 @@ class EntryEncoder:
     (``live_audio``) — is one stream muxed interleaved with the video as frames arrive, up to the video's
     time and never ahead of it, both tracks starting at 0; at :meth:`finish` it is trimmed or padded with
     silence to the video's duration (a session checks first that a live track is within one frame of it).
-    It is AAC at the waveform's rate, or where this build has no AAC encoder Opus at 48 kHz, resampled as
-    it goes (the resampler's last samples are flushed at :meth:`finish`, so the track still lasts the
-    video's duration). With ``file``, the MP4 is also written to that path, which holds either the complete
-    file (after :meth:`finish`) or what it held before (see :class:`OutputFile`).
+    It is AAC at the waveform's rate (or the rate AAC takes nearest above it), or where this build has no
+    AAC encoder Opus at 48 kHz, resampled as it goes where the rate differs (the resampler's last samples
+    are flushed at :meth:`finish`, so the track still lasts the video's duration). With ``file``, the MP4
+    is also written to that path, which holds either the complete file (after :meth:`finish`) or what it
+    held before (see :class:`OutputFile`).
+
+    ``provenance``: the file is signed with its Content Credentials before it is put in place (a
+    :class:`streamvae.SigningError` leaves the path as it was), and fragmented output carries the unsigned
+    XMP mark (``_xmp``) after its ``moov``.
 
     :meth:`encode` and :meth:`finish` return the output as :class:`MP4Piece`, as the output's target
     (:class:`FragmentedTarget`, :class:`FaststartTarget`) cuts it: for fragmented output a piece per
@@ -323,8 +448,11 @@ class EntryEncoder:
     encodes and whose open here succeeds, with the codec-neutral options translated for it
     (:func:`auto_codec_options`); :class:`NoEncoderError`, naming every rung, if none opens.
 
-    Not thread-safe: one caller at a time (the session gives each entry its own task); only :meth:`open`,
-    :meth:`unopen` and :meth:`close` may race (a cancelled session closes while another stage opens).
+    Not thread-safe: one caller at a time (the session gives each entry its own task, which calls
+    :meth:`encode` and :meth:`finish` through :attr:`worker`); only :meth:`open`, :meth:`unopen` and
+    :meth:`close` may race (a cancelled session closes while another stage opens, or while a call it left
+    is still in the worker: that call releases the container when it returns, and :meth:`close` never waits
+    for it).
     """
 
     def __init__(
@@ -341,6 +469,7 @@ class EntryEncoder:
         keyframe_interval: int | None = None,
         fragment_frames: int = 1,
         file: str | Path | None = None,
+        provenance: Provenance | None = None,
     ) -> None:
         self.fps = fps
         self.pixel_format = pixel_format
@@ -358,6 +487,8 @@ class EntryEncoder:
         self.audio_codec: str | None = None
         self.fragment_frames = fragment_frames
         self.file = Path(file) if file is not None else None
+        self._provenance = provenance
+        self._mark = xmp_mark() if provenance is not None and output == "fragmented" else b""
         if audio is not None and live_audio is not None:
             raise ValueError(
                 "EntryEncoder takes audio (a whole waveform) or live_audio (a live track), not both"
@@ -377,7 +508,10 @@ class EntryEncoder:
         self._soundtrack: _Soundtrack | None = None
         self._file: OutputFile | None = None
         self._closed = False  # finish() or close() was called: nothing opens or encodes any more
+        self._in_call = False  # encode() or finish() is running: a close() meanwhile leaves it the release
         self._open_lock = threading.Lock()
+        #: the thread :meth:`encode` and :meth:`finish` run in (started at the first call, ended by a close)
+        self.worker = EncoderWorker(f"streamvae encoder ({video_codec})")
 
     # -- opening --
 
@@ -405,6 +539,9 @@ class EntryEncoder:
         if self.video_codec == "auto" and codec is None:
             _open_on_ladder([self], height, width)
             return
+        refusal = frame_size_refusal(self.video_codec if codec is None else codec, height, width)
+        if refusal is not None:
+            raise ValueError(refusal)
         with self._open_lock:
             if self._container is not None or self._closed:
                 return
@@ -422,22 +559,36 @@ class EntryEncoder:
         try:
             self._open_streams(height, width, codec)
             self._video.codec_context.open()  # now: a failure to open is an error of opening
+        except OPEN_FAILURES as error:
+            self._unopened()
+            if self.video_codec != "auto":  # "auto"'s options are its own, checked: the ladder goes on
+                self._raise_refused_option(codec, height, width, error)
+            raise
         except BaseException:
             self._unopened()
             raise
         self.encoder_name = codec
+
+    def _raise_refused_option(self, codec: str, height: int, width: int, error: Exception) -> None:
+        """Raise a ValueError naming the option ``codec`` refused (the user's first), if one is at fault."""
+        options = self.codec_options
+        given = {name: options[name] for name in self._requested_options if name in options}
+        refusal = refused_option(codec, given, options, height, width)
+        if refusal is not None:
+            raise ValueError(refusal) from error
 
     def _unopened(self) -> None:
         self._release()
         self.encoder_name = self.audio_codec = None
 
     def _open_streams(self, height: int, width: int, codec: str) -> None:
-        self._target = _target(self.output, self.fps, self.fragment_frames)
+        self._target = _target(self.output, self.fps, self.fragment_frames, self._mark)
         if self.file is not None:
             self._file = OutputFile(self.file)
             self._file.open()
         self._container = _opened(self._target.open_container())
-        self.codec_options = self._options_for(codec)
+        self.codec_options = for_frame_size(codec, self._options_for(codec), height, width)
+        quiet_encoder_logs(codec)
         video = self._container.add_stream(codec, rate=self.fps, options=self.codec_options)
         video.width = width
         video.height = height
@@ -456,6 +607,10 @@ class EntryEncoder:
 
     def encode(self, frames: np.ndarray[Any, Any]) -> list[MP4Piece]:
         """Encode ``frames`` (see the class docstring) and return the pieces of output ready to hand on."""
+        with self._call():
+            return self._encode(frames)
+
+    def _encode(self, frames: np.ndarray[Any, Any]) -> list[MP4Piece]:
         if self._closed:
             raise RuntimeError("EntryEncoder.encode() after finish() or close()")
         height, width = self.frame_size(frames.shape[1:])
@@ -528,6 +683,10 @@ class EntryEncoder:
         For ``output="mp4"`` that is one piece, the whole file (it is only complete once the moov is
         written); for fragmented output the last fragments, then what follows them (the ``mfra``).
         """
+        with self._call():
+            return self._finish()
+
+    def _finish(self) -> list[MP4Piece]:
         if self._closed:
             raise RuntimeError("EntryEncoder.finish() called twice")
         if self._container is None or self._target is None:
@@ -542,18 +701,40 @@ class EntryEncoder:
         target, self._target = self._target, None  # handed over: keep no copy
         pieces = self._hand_on(*target.finish(self.frames_encoded))
         if self._file is not None:
-            self._file.commit()  # the file appears at its path, complete, only now
+            # The file appears at its path, complete (and signed), only now.
+            self._file.commit(sign=None if self._provenance is None else self._sign_file)
         return pieces
+
+    def _sign_file(self, source: Path, destination: Path) -> None:
+        assert self._provenance is not None
+        self._provenance.sign_file(source, destination, what=f"the output file {str(self.file)!r}")
 
     def close(self) -> None:
         """Close the container without finishing (abort); the output file's path keeps what it had before
         (only the temporary file is removed).
 
-        Idempotent, and a no-op after :meth:`finish`.
+        Idempotent, and a no-op after :meth:`finish`. It never waits for a call in flight in the worker (a
+        caller that left it when cancelled): that call releases the container when it returns.
         """
         with self._open_lock:
             self._closed = True
-            self._release()
+            if not self._in_call:
+                self._release()
+        self.worker.stop()
+
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """Mark :meth:`encode` or :meth:`finish` in flight: a :meth:`close` meanwhile leaves the release
+        to it."""
+        with self._open_lock:
+            self._in_call = True
+        try:
+            yield
+        finally:
+            with self._open_lock:
+                self._in_call = False
+                if self._closed:  # closed meanwhile (or finished): what is left open goes now
+                    self._release()
 
     def _release(self) -> None:
         """Let go of what an open made: the container closed, its output dropped (an unfinished output is
@@ -599,7 +780,7 @@ def _open_on_ladder(encoders: Sequence[EntryEncoder], height: int, width: int) -
     """
     tried: list[tuple[str, str]] = []
     for rung in VIDEO_RUNGS:
-        failure = encode_failure(rung.name)
+        failure = encode_failure(rung.name) or frame_size_refusal(rung.name, height, width)
         if failure is None:
             try:
                 for encoder in encoders:

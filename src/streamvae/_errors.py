@@ -8,6 +8,7 @@ them all, as httpx's ``_exceptions.py`` does::
     ├── RingAbortedError    streamvae (RuntimeError): the transfer ring aborted, no cause known
     ├── UnreadStreamError   streamvae (RuntimeError): a reader waits on another entry's unread stream
     ├── NoEncoderError      streamvae (RuntimeError): no rung of an encoder ladder opens
+    ├── SigningError        streamvae (RuntimeError): a complete output's Content Credentials failed to sign
     ├── PeerDecodeError     streamvae.distributed (RuntimeError): a peer rank stopped the decode
     ├── ReaderStalledError  streamvae.server (TimeoutError): a reader took nothing for stall_timeout
     └── ViewerCutOffError   streamvae.server (RuntimeError): a broadcast's viewer fell behind its buffer
@@ -36,6 +37,7 @@ __all__ = [
     "ReaderStalledError",
     "RingAbortedError",
     "SessionClosedError",
+    "SigningError",
     "StreamVAEError",
     "UnreadStreamError",
     "ViewerCutOffError",
@@ -134,6 +136,17 @@ class NoEncoderError(StreamVAEError, RuntimeError):
 
     def __reduce__(self) -> tuple[type[NoEncoderError], tuple[str, tuple[tuple[str, str], ...]]]:
         return type(self), (self.kind, self.tried)
+
+
+@public
+class SigningError(StreamVAEError, RuntimeError):
+    """A complete output could not be signed with its Content Credentials (``provenance=``): a KMS or HSM
+    signer that failed, a certificate that expired since the options were checked.
+
+    Chained to the cause (``__cause__``). Nothing unsigned is given out in its place: an output file keeps
+    what its path held before (the signature is made before the file is put in place), and the session
+    fails with this as its first cause.
+    """
 
 
 class ReaderStalledError(StreamVAEError, TimeoutError):

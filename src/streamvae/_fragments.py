@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from streamvae._public import public
+from streamvae._xmp import shift_fragment_index
 
 __all__ = ["FragmentCutter", "MP4Piece", "codec_string"]
 
@@ -97,9 +98,14 @@ class FragmentCutter:
     Only what is not yet a whole fragment is held (the muxer writes a fragment in one go, so between the
     encoder's calls that is little or nothing). The video is track 1; an audio track's samples are not
     frames, and count in no piece's :attr:`~MP4Piece.duration` or :attr:`~MP4Piece.keyframe`.
+
+    ``mark``: whole boxes put right after the ``moov`` (the XMP mark of ``_xmp``), inside the init segment
+    of the piece that holds it; the ``mfra``'s fragment offsets in :meth:`rest` move by its size. The
+    pieces are then the MP4, not the bytes fed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, mark: bytes = b"") -> None:
+        self._mark = mark
         #: video samples (frames) of the fragments cut so far
         self.samples = 0
         #: fragments (``moof`` + ``mdat``) cut so far, any track
@@ -139,6 +145,8 @@ class FragmentCutter:
         if not self._buffer:
             return None
         self._scanned = len(self._buffer)
+        if self._mark:
+            self._buffer[:] = shift_fragment_index(bytes(self._buffer), len(self._mark))
         return self._cut(_Fragment())
 
     def _next_box(self) -> tuple[bytes, int] | None:
@@ -168,6 +176,9 @@ class FragmentCutter:
         self.samples += fragment.samples
         codecs, self._codecs = self._codecs, None
         init_size, self._init_size = self._init_size, 0
+        if init_size and self._mark:
+            data = data[:init_size] + self._mark + data[init_size:]
+            init_size += len(self._mark)
         timescale = 1 if self._video is None else self._video.timescale
         duration = Fraction(fragment.ticks, timescale)
         return MP4Piece(data, fragment.samples, self.samples, codecs, fragment.keyframe, duration, init_size)

@@ -15,7 +15,7 @@ field here (and its line in :class:`SessionKeywords`, which a test keeps in step
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
@@ -35,13 +35,15 @@ from streamvae._checks import (
     did_you_mean,
     is_int,
 )
-from streamvae._codec_options import OutputKind, check_video_codec
+from streamvae._codec_options import OutputKind, check_video_codec, frame_size_refusal
 from streamvae._output_file import check_output_files
+from streamvae._provenance import Provenance, check_provenance
 from streamvae._public import public
 from streamvae._quantize import PixelFormat, ValueRange, check_value_range
 
 __all__ = [
     "OPTION_NAMES",
+    "ChunkTransform",
     "NonFinite",
     "SessionKeywords",
     "SessionOptions",
@@ -53,6 +55,8 @@ NonFinite = Literal["error", "ignore"]
 #: FFmpeg's int options (the keyframe interval becomes the codec's ``g``) stop at a C int.
 _MAX_C_INT = 2**31 - 1
 Waveform = np.ndarray[Any, np.dtype[np.float32]]
+#: ``chunk_transform``: a float BCTHW chunk in, a chunk of the same shape, device and range out
+ChunkTransform = Callable[[Tensor], Tensor]
 
 
 @public
@@ -66,15 +70,26 @@ class SessionOptions:
       a :class:`PerChannelRange` for normalized pixels (``(x * std + mean).clamp(0, 1)`` per channel).
     - ``fps``: frames per second, a number between 1/1000 and 1000 (stored as an exact rational).
     - ``audio_waveforms``: one waveform per batch entry (``None`` for an entry without audio), finite float
-      ``[samples]`` or ``[channels, samples]``, resampled by nobody: give ``audio_sample_rate``. Each track
-      is trimmed or padded with silence to the video's duration.
+      ``[samples]`` or ``[channels, samples]``, at ``audio_sample_rate``. Each track is trimmed or padded
+      with silence to the video's duration.
     - ``audio_channels``: 1 (mono) or 2 (stereo) for a live audio track per entry, at ``audio_sample_rate``
       (required with it), whose samples come from :meth:`ChunkedVideoMP4Session.push_audio` as they are
       made (a real-time generator's sound); exclusive with ``audio_waveforms``. At ``finish`` a track
       within one video frame of the video's duration is padded or trimmed to it; further off is an error.
+    - ``audio_sample_rate``: the rate of the sound (``audio_waveforms`` or live), from 1000 to 768000 Hz.
+      A rate the audio encoder does not take (AAC takes 13, from 7350 to 96000 Hz; Opus 48000) is
+      resampled to one it does, so any rate in that range makes a video.
     - ``batch_frames``: frames per host transfer; pushed chunks are regrouped to this size (the last group
       may be smaller).
     - ``crop``: ``(height, width)`` to keep from the top-left of each frame, e.g. to trim a decoder's padding.
+    - ``chunk_transform``: a function applied to each chunk on its device before it is quantized, and
+      whose output is what is encoded: a float BCTHW chunk in ``value_range`` in (after ``crop``), a tensor
+      of the same shape, on the same device, in the same range out. It runs in the prepare stage's worker
+      thread (never on the event loop), after the chunk's CUDA work is done and under ``torch.no_grad``;
+      it sees every frame once, in order, chunk by chunk as they are pushed. It is where an imperceptible
+      watermark (VideoSeal's ``embed``), an overlay or a colour grade plugs in. Its exception is the
+      session's first cause; an output of another shape, device or a non-float tensor is a ValueError
+      naming it.
     - ``transfer_slots``: depth of the host-slot ring; ``0`` selects a plain blocking copy per group.
     - ``video_codec`` / ``video_codec_options``: an FFmpeg video encoder of this PyAV build and its options
       (names it does not have are refused), merged over its defaults. Each encoder streamvae configures
@@ -127,6 +142,13 @@ class SessionOptions:
       this session runs under one of its tokens, and ``threads`` defaults to 1, so the encoder threads
       running at once never exceed its tokens however many sessions run. Without it each session encodes
       its entries side by side with the codec's default threads.
+    - ``provenance``: a :class:`streamvae.Provenance`: every complete output (the bytes ``finish`` returns,
+      each output file) is signed with C2PA Content Credentials that say it was generated
+      (``c2pa.created``, digital source type ``trainedAlgorithmicMedia``), a file before it is put in place
+      (a signing failure is a :class:`streamvae.SigningError` and leaves the old file). Fragmented output
+      also carries an unsigned XMP mark of the same digital source type in its init segment, which a byte
+      stream's reader gets: bytes already sent cannot be signed after the fact. Checked here: a signing
+      certificate outside its validity dates is a ValueError.
     """
 
     value_range: ValueRange
@@ -136,6 +158,7 @@ class SessionOptions:
     audio_channels: int | None = None
     batch_frames: int = 1
     crop: tuple[int, int] | None = None
+    chunk_transform: ChunkTransform | None = None
     transfer_slots: int = 2
     video_codec: str = "libx264"
     video_codec_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -151,6 +174,7 @@ class SessionOptions:
     record_timeline: bool = False
     nonfinite: NonFinite = "error"
     encode_limiter: anyio.CapacityLimiter | None = None
+    provenance: Provenance | None = None
 
     def __post_init__(self) -> None:
         fix = self._set
@@ -161,6 +185,11 @@ class SessionOptions:
         check_int("queue_depth", self.queue_depth, minimum=0)
         if self.crop is not None:
             fix("crop", _check_crop(self.crop))
+        if self.chunk_transform is not None and not callable(self.chunk_transform):
+            raise TypeError(
+                "chunk_transform must be a function of a float BCTHW chunk returning one of the same shape "
+                f"(or None), got {type(self.chunk_transform).__name__}"
+            )
         check_choice("pixel_format", self.pixel_format, ("auto", "rgb24", "yuv420p"))
         check_choice("output", self.output, ("mp4", "fragmented"))
         check_choice("nonfinite", self.nonfinite, ("error", "ignore"))
@@ -178,11 +207,12 @@ class SessionOptions:
         elif self.audio_waveforms is not None:
             fix("audio_waveforms", _check_audio(self.audio_waveforms, self.audio_sample_rate))
         elif self.audio_sample_rate is not None:
-            check_int("audio_sample_rate", self.audio_sample_rate, minimum=1)
+            _check_sample_rate(self.audio_sample_rate)
         if self.output_files is not None:
             fix("output_files", tuple(check_output_files(self.output_files)))
         check_bool("record_timeline", self.record_timeline)
         check_limiter("encode_limiter", self.encode_limiter)
+        check_provenance(self.provenance)
 
     def _set(self, name: str, value: object) -> None:
         object.__setattr__(self, name, value)  # normalizing a frozen value while it is built
@@ -222,7 +252,8 @@ class SessionOptions:
 
     def check_frame_size(self, height: int, width: int, *, owner: str | None = None) -> None:
         """Raise ValueError unless frames of ``height`` × ``width`` fit these options: a crop inside the
-        frame, and an even frame size after it (the video is yuv420p)."""
+        frame, and an even frame size after it (the video is yuv420p) that a named ``video_codec`` takes
+        (SVT-AV1: 4×4 at least; ``"auto"`` climbs past a rung that does not take it)."""
         where = "" if owner is None else f"{owner}: "
         out_height, out_width = height, width
         if self.crop is not None:
@@ -234,6 +265,9 @@ class SessionOptions:
                 f"{where}yuv420p video needs an even height and width, got {out_height}×{out_width}; "
                 f"pass crop=({out_height - out_height % 2}, {out_width - out_width % 2}) to trim a row/column"
             )
+        refusal = frame_size_refusal(self.video_codec, out_height, out_width)
+        if refusal is not None:
+            raise ValueError(f"{where}video_codec={self.video_codec!r}: {refusal}")
 
 
 def _check_crop(crop: object) -> tuple[int, int]:
@@ -265,11 +299,21 @@ def _check_audio(waveforms: object, sample_rate: object) -> tuple[Waveform | Non
         raise ValueError("audio_waveforms must be a sequence with one waveform (or None) per batch entry")
     if sample_rate is None:
         raise ValueError("audio_sample_rate must be a positive int when audio_waveforms is given, got None")
-    check_int("audio_sample_rate", sample_rate, minimum=1)
+    _check_sample_rate(sample_rate)
     return tuple(
         None if w is None else check_waveform(w, name=f"audio_waveforms[{i}]")
         for i, w in enumerate(waveforms)
     )
+
+
+#: The rates of sound a session takes. A track below 1000 Hz holds nothing above 500 Hz, no soundtrack, and
+#: FFmpeg's resampler (which takes a track to a rate the encoder takes) gives nothing for one of a few Hz
+#: (1 Hz to AAC's 7350: no sample came out); 768 kHz is the top of audio hardware.
+_SAMPLE_RATES = (1000, 768_000)
+
+
+def _check_sample_rate(rate: object) -> None:
+    check_int("audio_sample_rate", rate, minimum=_SAMPLE_RATES[0], maximum=_SAMPLE_RATES[1])
 
 
 def _check_live_audio(channels: object, sample_rate: object, waveforms: object) -> None:
@@ -282,7 +326,7 @@ def _check_live_audio(channels: object, sample_rate: object, waveforms: object) 
         raise ValueError(f"audio_channels must be 1 (mono) or 2 (stereo), got {channels!r}")
     if sample_rate is None:
         raise ValueError("audio_sample_rate must be a positive int when audio_channels is given, got None")
-    check_int("audio_sample_rate", sample_rate, minimum=1)
+    _check_sample_rate(sample_rate)
 
 
 @public
@@ -301,6 +345,7 @@ class SessionKeywords(TypedDict, total=False):
     audio_channels: int | None
     batch_frames: int
     crop: tuple[int, int] | None
+    chunk_transform: ChunkTransform | None
     transfer_slots: int
     video_codec: str
     video_codec_options: Mapping[str, str] | None
@@ -313,6 +358,7 @@ class SessionKeywords(TypedDict, total=False):
     record_timeline: bool
     nonfinite: NonFinite
     encode_limiter: anyio.CapacityLimiter | None
+    provenance: Provenance | None
 
 
 #: The option names, in their order (what ``options=`` and the keywords both name).

@@ -14,7 +14,7 @@ import errno
 import os
 import secrets
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -152,8 +152,13 @@ class OutputFile:
         while view:
             view = view[os.write(self._fd, view) :]
 
-    def commit(self) -> None:
-        """Flush to disk and put the file in place; on any failure remove the temporary file and raise."""
+    def commit(self, *, sign: Callable[[Path, Path], None] | None = None) -> None:
+        """Flush to disk and put the file in place; on any failure remove the temporary file and raise.
+
+        ``sign(source, destination)`` (Content Credentials) writes the complete file, signed, to a second
+        temporary file, which is what is put in place: a failure to sign leaves ``path`` as it was. A device
+        or FIFO was written as it went: there is nothing left to sign.
+        """
         if self._state != "open":
             raise RuntimeError(f"OutputFile.commit() on a file that is {self._state}")
         try:
@@ -163,6 +168,8 @@ class OutputFile:
             self._close_fd()  # close reports late write errors (NFS, quotas) too
             if self._temporary is not None:
                 assert self._target is not None
+                if sign is not None:
+                    self._temporary = self._signed(self._temporary, self._target, sign)
                 os.replace(self._temporary, self._target)
                 self._temporary = None
         except BaseException:
@@ -171,6 +178,27 @@ class OutputFile:
         self._state = "committed"
         if self._target is not None:
             _fsync_directory(self._target.parent)
+
+    @staticmethod
+    def _signed(temporary: Path, target: Path, sign: Callable[[Path, Path], None]) -> Path:
+        """``temporary`` signed into a new temporary file beside ``target``, with its mode, on disk; the
+        unsigned one removed. On a failure only the new one is removed (the caller removes the other)."""
+        fd, signed = _create_temporary(target)
+        try:
+            os.close(fd)
+            sign(temporary, signed)
+            os.chmod(signed, stat.S_IMODE(os.stat(temporary).st_mode))
+            fd = os.open(signed, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(signed)
+            raise
+        os.unlink(temporary)
+        return signed
 
     def abort(self) -> None:
         """Close and remove the temporary file; ``path`` keeps what it had. A no-op after :meth:`commit`.

@@ -2,16 +2,17 @@
 
     chunks ─▶ prepare ─▶ transfer ─▶ land ─▶ encode[entry] ─▶ sink[entry]
 
-- **prepare** (worker thread, the pipeline's CUDA stream): crop, quantize (and colour-convert) into
-  ``batch_frames``-frame groups, counting NaN on the device.
+- **prepare** (worker thread, the pipeline's CUDA stream): crop, the user's ``chunk_transform`` (a
+  watermark), quantize (and colour-convert) into ``batch_frames``-frame groups, counting NaN on the
+  device.
 - **transfer**: copy each group into a slot of the host ring (non-blocking on CUDA), or plainly.
 - **land**: await the copy (an abandonable poll), read the NaN count that travelled with it, hand the
   slot to every entry's encoder.
-- **encode[entry]** (worker thread): PyAV encodes the entry's frames (and its live audio up to them);
-  its output, cut into whole fragments that know their frames (:class:`~streamvae.MP4Piece`), goes to
-  the entry's sink; the entry releases its reader of the slot. Fragmented output is handed on after a
-  group's first frame too: that frame's packet closes the fragment holding the previous group, which
-  leaves at once.
+- **encode[entry]** (the entry encoder's own thread, a wait a cancel leaves): PyAV encodes the entry's
+  frames (and its live audio up to them); its output, cut into whole fragments that know their frames
+  (:class:`~streamvae.MP4Piece`), goes to the entry's sink; the entry releases its reader of the slot.
+  Fragmented output is handed on after a group's first frame too: that frame's packet closes the
+  fragment holding the previous group, which leaves at once.
 
 Each stage is a task of one task group, joined to the next by a bounded memory-object stream, so a slow
 encoder backs up into the ring and finally into ``push``, never into unbounded memory. Work runs in worker
@@ -43,7 +44,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from torch import Tensor
 
 from streamvae._cuda import ready_event
-from streamvae._encode import EntryEncoder, open_entry_encoders
+from streamvae._encode import EntryEncoder, end_workers, open_entry_encoders
 from streamvae._errors import STREAM_ENDED, RingAbortedError
 from streamvae._failure import FailureRecord
 from streamvae._fragments import MP4Piece
@@ -56,6 +57,24 @@ from streamvae._statistics import LatencyRecorder
 from streamvae._transfer import ChunkLease, PinnedChunkRing, host_lease
 
 __all__ = ["StagePipeline", "StageSpan"]
+
+
+def _transformed(transform: Callable[[Tensor], Tensor], chunk: Tensor) -> Tensor:
+    """Worker thread: ``chunk_transform``'s output for ``chunk``, checked to be what can be quantized in
+    its place (its own exception goes up as it is: the session's first cause)."""
+    with torch.no_grad():
+        out = transform(chunk)
+    if not isinstance(out, Tensor):
+        raise ValueError(
+            f"chunk_transform must return a tensor of the chunk's shape {tuple(chunk.shape)}, "
+            f"got {type(out).__name__}"
+        )
+    if out.shape != chunk.shape or out.device != chunk.device or not out.is_floating_point():
+        raise ValueError(
+            f"chunk_transform must return a float tensor of the chunk's shape {tuple(chunk.shape)} on "
+            f"{chunk.device}, got {out.dtype} {tuple(out.shape)} on {out.device}"
+        )
+    return out
 
 
 @public
@@ -142,6 +161,7 @@ class StagePipeline:
             keyframe_interval=options.keyframe_interval,
             fragment_frames=options.frames_per_fragment(),
             file=None if files is None else files[entry],
+            provenance=options.provenance,
         )
 
     # -- what the session reads --
@@ -218,7 +238,10 @@ class StagePipeline:
             if self.ring is not None:
                 # Slots still copying come back once their copy lands; nothing waits for a slot again.
                 self.ring.abort(self._failure.first)
-            self.done.set()
+            try:
+                await end_workers(self.encoders)  # calls a cancel left release their containers
+            finally:
+                self.done.set()
 
     async def _stage(self, stage: Callable[..., Any], *args: Any) -> None:
         """Run one stage; its first real error is recorded and stops the pipeline."""
@@ -280,6 +303,8 @@ class StagePipeline:
             crop = self._options.crop
             if crop is not None:
                 chunk = chunk[..., : crop[0], : crop[1]]
+            if self._options.chunk_transform is not None:
+                chunk = _transformed(self._options.chunk_transform, chunk)
             groups: list[_QuantizedGroup] = []
             start, frames = 0, chunk.shape[2]
             while start < frames:
@@ -415,7 +440,7 @@ class StagePipeline:
 
         async def encode(frames: Any) -> list[MP4Piece]:
             with self._span(f"encode[{entry}]"):
-                return await anyio.to_thread.run_sync(encoder.encode, frames, limiter=limiter)
+                return await encoder.worker.run(encoder.encode, frames, limiter=limiter)
 
         try:
             with leases:
@@ -437,8 +462,15 @@ class StagePipeline:
                         lease.release()
                     await self._hand_on(entry, pieces)
                 with self._span(f"encode[{entry}]"):
-                    pieces = await anyio.to_thread.run_sync(encoder.finish, limiter=limiter)
+                    pieces = await encoder.worker.run(encoder.finish, limiter=limiter)
                 await self._hand_on(entry, pieces)
+                provenance = self._options.provenance
+                if provenance is not None and sink.stream is None:
+                    # The kept MP4 is complete: what finish() returns is it, signed (a streamed one left).
+                    with self._span(f"encode[{entry}]"):
+                        sign = partial(provenance.sign, sink.getvalue(), what=f"entry {entry}'s MP4")
+                        signed = await anyio.to_thread.run_sync(sign, limiter=limiter)
+                    sink.parts[:] = [signed]
                 sink.complete()
         except Exception as error:
             # Record it before the cleanup below yields: neighbours ending meanwhile must find it.

@@ -127,7 +127,7 @@ def hunyuan_video_i2v() -> tuple[Pipeline, MakeKwargs]:
     ``tiny_hunyuan_video``): a 16×16 image, ``num_frames`` 9 → ``vae.encode`` of the image, one
     ``vae.decode`` of [1, 4, 3, 2, 2] → 9 frames, of which the pipeline drops the first 4 (the image's
     latent's frames): ``.frames`` [1, 5, 16, 16, 3]. The ``"latent"`` output drops the first latent too:
-    [1, 4, 2, 2, 2]. Not a plain decode-once pipeline (it cuts 4 frames from the front of its decode). About
+    [1, 4, 2, 2, 2]. Its plan drops those 4 frames from the front of the stream (``drop_frames``). About
     0.05 s a call on 2 CPU cores; no audio."""
     pipe = _hunyuan_i2v(
         HunyuanVideoImageToVideoPipeline,

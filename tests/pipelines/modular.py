@@ -18,6 +18,12 @@ off (Helios's and Wan-Animate-2's loops use a bare ``tqdm``). A modular pipeline
   decode.
 - ``wan_animate2_modular``: ``WanAnimate2Blocks``; one decode per segment, inside the segment loop.
 - ``minimax_h3_modular``: ``MiniMaxH3Blocks``, text to video and audio; one decode.
+- ``wan22_i2v_modular`` / ``wan22_vace_modular``: ``Wan22Image2VideoBlocks``, ``Wan22VaceBlocks`` (two
+  transformers); one decode after the loop.
+- ``helios_pyramid_modular`` / ``helios_pyramid_distilled_modular``: ``HeliosPyramidAutoBlocks``,
+  ``HeliosPyramidDistilledAutoBlocks``; one decode per chunk, all after the chunk loop.
+- ``wan_animate2_distilled_modular``: ``WanAnimate2DistilledBlocks``; one decode per segment, inside the
+  segment loop.
 
 The index's shapes (:data:`tests.pipelines.EXPECTED`): ``frames`` is output ``"videos"`` with
 ``output_type="np"``, ``latents`` the blocks' latent output (see each builder).
@@ -32,9 +38,15 @@ import torch
 from diffusers import (
     AutoencoderKLMiniMaxH3Audio,
     ClassifierFreeGuidance,
+    ClassifierFreeZeroStarGuidance,
     FlowMatchEulerDiscreteScheduler,
     HeliosAutoBlocks,
+    HeliosDMDScheduler,
     HeliosModularPipeline,
+    HeliosPyramidAutoBlocks,
+    HeliosPyramidDistilledAutoBlocks,
+    HeliosPyramidDistilledModularPipeline,
+    HeliosPyramidModularPipeline,
     HeliosScheduler,
     HeliosTransformer3DModel,
     HunyuanVideo15AutoBlocks,
@@ -47,8 +59,14 @@ from diffusers import (
     MiniMaxH3Scheduler,
     MiniMaxH3Transformer3DModel,
     Wan22Blocks,
+    Wan22Image2VideoBlocks,
+    Wan22Image2VideoModularPipeline,
     Wan22ModularPipeline,
+    Wan22VaceBlocks,
+    Wan22VaceModularPipeline,
     WanAnimate2Blocks,
+    WanAnimate2DistilledBlocks,
+    WanAnimate2DistilledModularPipeline,
     WanAnimate2ModularPipeline,
     WanAnimate2Transformer3DModel,
     WanBlocks,
@@ -56,6 +74,7 @@ from diffusers import (
     WanImage2VideoModularPipeline,
     WanModularPipeline,
     WanTransformer3DModel,
+    WanVACETransformer3DModel,
 )
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG
 from tokenizers import Tokenizer
@@ -79,7 +98,14 @@ from tests.pipelines._shared import (
 from tests.pipelines.helios import HELIOS_FRAMES, HELIOS_TRANSFORMER
 from tests.pipelines.hunyuan import hunyuan15_components, hunyuan15_prompt
 from tests.pipelines.ltx import DECODE_NOISE, LTX2_AUDIO, ltx2_components, ltx2_prompt
-from tests.pipelines.wan import CLIP_VISION, WAN21_TRANSFORMER, WAN_TEXT_DIM, flow_unipc
+from tests.pipelines.wan import (
+    _VACE_TRANSFORMER,
+    CLIP_VISION,
+    WAN21_TRANSFORMER,
+    WAN_TEXT_DIM,
+    _vace_inputs,
+    flow_unipc,
+)
 
 
 def _quiet(blocks: Any) -> None:
@@ -485,3 +511,157 @@ def minimax_h3_modular() -> tuple[Pipeline, MakeKwargs]:
 
 
 # -- issue 35, group C5 (Wan and Helios blocks): builders below this line --
+
+# ---------------------------------------------------------------------------------------------------------
+# Wan 2.2 A14B image to video and VACE (Wan22Image2VideoBlocks, Wan22VaceBlocks): one decode after the loop
+# ---------------------------------------------------------------------------------------------------------
+
+
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
+def wan22_i2v_modular() -> tuple[Pipeline, MakeKwargs]:
+    """Wan 2.2 A14B image to video, ``Wan22Image2VideoBlocks`` in a ``Wan22Image2VideoModularPipeline``: two
+    transformers taking the noise, the first-frame mask and the condition latents (16 + 4 + 16 channels, no
+    image encoder; seeds 0 and 1, guidance 4.0 then 3.0 across ``boundary_ratio`` 0.875, as
+    :func:`wan22_modular`) and ``tiny_wan21``. 16×16, 9 frames, a 16×16 image → ``vae.encode`` of the image
+    followed by 8 black frames, then one ``vae.decode`` of [1, 16, 3, 2, 2] → ``videos``
+    [1, 9, 16, 16, 3]; ``output="latents"`` gives [1, 16, 3, 2, 2]."""
+    channels = {"in_channels": 16 + 4 + 16}
+    pipe = _modular(
+        Wan22Image2VideoModularPipeline,
+        Wan22Image2VideoBlocks(),
+        transformer=_wan_transformer(0, **channels),
+        transformer_2=_wan_transformer(1, **channels),
+        vae=tiny_wan21(),
+        scheduler=flow_unipc(3.0),
+        guider=ClassifierFreeGuidance(guidance_scale=4.0),
+        guider_2=ClassifierFreeGuidance(guidance_scale=3.0),
+    )
+    return pipe, _wan_kwargs(image=True)
+
+
+# ``latents``: output "latents", the reference frame trimmed off
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
+def wan22_vace_modular() -> tuple[Pipeline, MakeKwargs]:
+    """Wan 2.2 VACE, ``Wan22VaceBlocks`` in a ``Wan22VaceModularPipeline``: two of
+    :mod:`tests.pipelines.wan`'s tiny VACE transformers (seeds 0 and 1, guidance 4.0 then 3.0 across
+    ``boundary_ratio`` 0.875) and ``tiny_wan21``; :func:`tests.pipelines.wan.wan_vace`'s inputs: a 9-frame
+    16×16 noise video with its right half masked to be generated and one reference image. The reference
+    takes a latent frame in front while denoising ([1, 16, 1 + 3, 2, 2]); a step trims it off before the
+    one ``vae.decode`` of [1, 16, 3, 2, 2] → ``videos`` [1, 9, 16, 16, 3]."""
+    pipe = _modular(
+        Wan22VaceModularPipeline,
+        Wan22VaceBlocks(),
+        transformer=seeded(WanVACETransformer3DModel, _VACE_TRANSFORMER, seed=0),
+        transformer_2=seeded(WanVACETransformer3DModel, _VACE_TRANSFORMER, seed=1),
+        vae=tiny_wan21(),
+        scheduler=flow_unipc(3.0),
+        guider=ClassifierFreeGuidance(guidance_scale=4.0),
+        guider_2=ClassifierFreeGuidance(guidance_scale=3.0),
+    )
+    size = {"height": _WAN_SIZE, "width": _WAN_SIZE, "num_frames": _WAN_FRAMES}
+    return pipe, call_kwargs(prompt_pair(WAN_TEXT_DIM), finish=_vace_inputs, **size)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Helios pyramid (HeliosPyramidAutoBlocks, HeliosPyramidDistilledAutoBlocks): chunks, decoded after the loop
+# ---------------------------------------------------------------------------------------------------------
+
+#: 2 pyramid stages (latents 2×2, then 4×4) of 1 step each. ``gamma`` 0.3, not the default 1/3: the block
+#: noise of an upsampling stage has the covariance ``(1+γ)I − γJ`` over 2×2 patches, singular at γ = 1/3,
+#: which CPU LAPACK's Cholesky rejects in float32 (as :func:`tests.pipelines.helios.helios_pyramid`).
+_PYRAMID_STAGES: dict[str, Any] = {"stage_range": [0, 0.5, 1], "stages": 2, "gamma": 0.3}
+
+
+def _helios_pyramid_kwargs() -> MakeKwargs:
+    """32×32, ``num_frames`` 66 (2 chunks), one step a stage (``pyramid_num_inference_steps_list``; the
+    blocks take no ``num_inference_steps``)."""
+
+    def no_steps(kwargs: dict[str, Any]) -> None:
+        kwargs.pop("num_inference_steps", None)
+
+    return call_kwargs(
+        prompt_pair(WAN_TEXT_DIM),
+        finish=no_steps,
+        height=32,
+        width=32,
+        num_frames=HELIOS_FRAMES,
+        pyramid_num_inference_steps_list=[1, 1],
+    )
+
+
+# ``latents``: output "latents", the last chunk's (output "latent_chunks" is the list of both)
+@builder(frames=(1, 65, 32, 32, 3), latents=(1, 16, 9, 4, 4))
+def helios_pyramid_modular() -> tuple[Pipeline, MakeKwargs]:
+    """Helios pyramid text to video, ``HeliosPyramidAutoBlocks`` (its ``text2video`` workflow) in a
+    ``HeliosPyramidModularPipeline`` with :mod:`tests.pipelines.helios`' tiny transformer, ``tiny_wan21``
+    and the classifier-free zero-star guider its denoise step expects (guidance 5.0; its zero init, the
+    first step's prediction zeroed, in stage 0 only): 32×32, ``num_frames`` 66 → 2 autoregressive chunks of
+    9 latent frames, each denoised in 2 pyramid stages of 1 step (2×2 latents, upsampled to 4×4 with block
+    noise). As in :func:`helios_modular`, the chunk loop decodes nothing: the decode step calls
+    ``vae.decode`` once per chunk, [1, 16, 9, 4, 4] → 33 frames, twice, and cuts the 66 frames to 65 →
+    ``videos`` [1, 65, 32, 32, 3]. The chunk loop's progress bar is a bare ``tqdm``."""
+    pipe = _modular(
+        HeliosPyramidModularPipeline,
+        HeliosPyramidAutoBlocks(),
+        transformer=seeded(HeliosTransformer3DModel, HELIOS_TRANSFORMER),
+        vae=tiny_wan21(),
+        scheduler=HeliosScheduler(**_PYRAMID_STAGES, use_dynamic_shifting=True),
+        guider=ClassifierFreeZeroStarGuidance(guidance_scale=5.0),
+    )
+    return pipe, _helios_pyramid_kwargs()
+
+
+@builder(frames=(1, 65, 32, 32, 3), latents=(1, 16, 9, 4, 4))
+def helios_pyramid_distilled_modular() -> tuple[Pipeline, MakeKwargs]:
+    """Helios pyramid, distilled: ``HeliosPyramidDistilledAutoBlocks`` (``text2video``) in a
+    ``HeliosPyramidDistilledModularPipeline``, :func:`helios_pyramid_modular`'s models and call with the
+    DMD scheduler (``HeliosDMDScheduler``, whose step re-noises from the stage's start point with the
+    call's generator) and no guidance (the guider's scale 1.0: one transformer pass a step). Same decode:
+    ``vae.decode`` of [1, 16, 9, 4, 4] once per chunk after the loop, 66 frames cut to 65 → ``videos``
+    [1, 65, 32, 32, 3]."""
+    pipe = _modular(
+        HeliosPyramidDistilledModularPipeline,
+        HeliosPyramidDistilledAutoBlocks(),
+        transformer=seeded(HeliosTransformer3DModel, HELIOS_TRANSFORMER),
+        vae=tiny_wan21(),
+        scheduler=HeliosDMDScheduler(**_PYRAMID_STAGES, use_dynamic_shifting=True),
+        guider=ClassifierFreeGuidance(guidance_scale=1.0),
+    )
+    return pipe, _helios_pyramid_kwargs()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Wan-Animate 2, distilled (WanAnimate2DistilledBlocks): segments, one decode per segment inside the loop
+# ---------------------------------------------------------------------------------------------------------
+
+
+@builder(frames=(1, 17, 16, 16, 3), latents=(1, 16, 4, 2, 2))
+def wan_animate2_distilled_modular() -> tuple[Pipeline, MakeKwargs]:
+    """Wan-Animate-2's distilled checkpoint layout, ``WanAnimate2DistilledBlocks`` in a
+    ``WanAnimate2DistilledModularPipeline``: :func:`wan_animate2_modular`'s models and call, sampled without
+    classifier-free guidance (the guider's scale 1.0: one transformer pass a step) in 2 steps. Its segment
+    loop and decode step are :func:`wan_animate2_modular`'s: 2 segments of 9 frames, each ``vae.decode`` of
+    [1, 16, 3, 2, 2] inside the loop, the second dropping its first decoded frame, cut to the driving
+    video's 17 frames and cropped to the image's region (all of it here: a square image in a square frame,
+    no letterbox) → ``videos`` [1, 17, 16, 16, 3]. The first call in a process compiles the flex-attention
+    block mask, as :func:`wan_animate2_modular`'s does."""
+    pipe = _modular(
+        WanAnimate2DistilledModularPipeline,
+        WanAnimate2DistilledBlocks(),
+        transformer=seeded(WanAnimate2Transformer3DModel, _ANIMATE2_TRANSFORMER),
+        vae=tiny_wan21(),
+        image_encoder=seeded(CLIPVisionModel, {"config": CLIPVisionConfig(**_ANIMATE2_CLIP)}),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+        guider=ClassifierFreeGuidance(guidance_scale=1.0),
+    )
+    make_kwargs = call_kwargs(
+        _animate2_prompt,
+        image=_ANIMATE2_SIZE,
+        finish=_driving_video,
+        height=_ANIMATE2_SIZE,
+        width=_ANIMATE2_SIZE,
+        segment_frame_length=9,
+        prev_segment_conditioning_frames=1,
+        num_frames=17,
+    )
+    return pipe, make_kwargs

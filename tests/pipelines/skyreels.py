@@ -2,7 +2,8 @@
 extending a video).
 
 Every one decodes once; the long mode runs several diffusion-forcing iterations on overlapping latent
-windows first, and extending a video puts the input video's own frames before the decoded ones. Each is
+windows first, and extending a video puts the input video's own (preprocessed) frames before the decoded
+ones. Each is
 ``tiny_wan21`` with diffusers' tiny SkyReels-V2 transformer (the tiny Wan one, 16 channels).
 """
 
@@ -130,8 +131,8 @@ def skyreels_v2_df_v2v() -> tuple[Pipeline, MakeKwargs]:
     frames, ``overlap_history`` 5 (the video's last 5 frames, 2 latents, are encoded as the prefix),
     ``base_num_frames`` 9 → one iteration; one ``vae.decode`` of [1, 16, 3, 2, 2] (the 2 prefix latents and
     1 new one → 9 frames), which the pipeline appends to the 7 input frames themselves (preprocessed, not
-    re-decoded): ``.frames`` [1, 7 + 9, 16, 16, 3]. Not a decode-once pipeline: the input video's pixels
-    lead the output. About 0.1 s a call on 2 CPU cores; no audio."""
+    re-decoded): ``.frames`` [1, 7 + 9, 16, 16, 3]. Its plan sends those 7 preprocessed frames first
+    (``lead_frames``), then the decode. About 0.1 s a call on 2 CPU cores; no audio."""
 
     def video(kwargs: dict[str, Any]) -> None:
         kwargs.setdefault("video", noise_frames(7, 16, seed=3))

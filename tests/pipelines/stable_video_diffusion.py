@@ -1,6 +1,7 @@
 """The Stable Video Diffusion builder: image to video with a 2D VAE and a temporal decoder
-(``tiny_stable_video``), which decodes the frames as a batch (``[B·F, C, h, w]``, ``num_frames=``) in
-``decode_chunk_size`` chunks."""
+(``tiny_stable_video``), which decodes the frames flattened into a batch (``[B·F, C, h, w]``,
+``num_frames=``) in calls of ``decode_chunk_size`` frames; its ``fps`` is the call's own (``pipeline_fps``
+through generate_mp4)."""
 
 from __future__ import annotations
 
@@ -63,9 +64,9 @@ def stable_video_diffusion() -> tuple[Pipeline, MakeKwargs]:
     ``vae.decode(latents / scaling_factor, num_frames=4)`` of [4, 4, 8, 8] (the frames are the batch:
     ``decode_chunk_size`` defaults to ``num_frames``) → ``.frames`` [1, 4, 16, 16, 3]. The ``"latent"``
     output is frames first, [1, 4, 4, 8, 8]. A ``decode_chunk_size`` below ``num_frames`` decodes in
-    several calls (the temporal decoder then sees each chunk alone). Not a plain decode-once pipeline: it
-    decodes ``[B·F, C, h, w]`` frames as a batch with ``num_frames``, in ``decode_chunk_size`` chunks. About
-    0.35 s a call on 2 CPU cores; no audio."""
+    several calls (the temporal decoder then sees each call's frames alone; with several videos one call
+    may hold the end of one and the start of the next): streamvae stands in for each call
+    (``FrameBatches``). About 0.35 s a call on 2 CPU cores; no audio."""
     pipe = pipeline(
         StableVideoDiffusionPipeline,
         vae=tiny_stable_video(),

@@ -18,6 +18,8 @@ import PIL.Image
 import torch
 from diffusers import (
     AdaptiveProjectedGuidance,
+    AnyFlowFARPipeline,
+    AnyFlowFARTransformer3DModel,
     AnyFlowPipeline,
     AnyFlowTransformer3DModel,
     ChronoEditPipeline,
@@ -25,6 +27,7 @@ from diffusers import (
     FlowMapEulerDiscreteScheduler,
     FlowMatchEulerDiscreteScheduler,
     LucyEditPipeline,
+    MotifVideoImage2VideoPipeline,
     MotifVideoPipeline,
     MotifVideoTransformer3DModel,
     UniPCMultistepScheduler,
@@ -408,4 +411,79 @@ def anyflow() -> tuple[Pipeline, MakeKwargs]:
 # -- issue 35, group C2 (the transformations after vae.decode): builders below this line --
 
 
+@builder(frames=(2, 9, 16, 16, 3), latents=(2, 16, 3, 2, 2))
+def motif_video_batches() -> tuple[Pipeline, MakeKwargs]:
+    """:func:`motif_video`'s pipe making 2 videos (``num_videos_per_prompt`` 2) with ``vae_batch_size`` 1:
+    two ``vae.decode`` calls of [1, 16, 3, 2, 2], one a video, joined along the batch → ``.frames``
+    [2, 9, 16, 16, 3]."""
+    pipe, make_kwargs = motif_video()
+
+    def make_batches(**overrides: Any) -> dict[str, Any]:
+        return make_kwargs(**{"num_videos_per_prompt": 2, "vae_batch_size": 1, **overrides})
+
+    return pipe, make_batches
+
+
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
+def chronoedit_temporal_reasoning() -> tuple[Pipeline, MakeKwargs]:
+    """:func:`chronoedit`'s pipe with temporal reasoning over every step (``num_temporal_reasoning_steps`` 2
+    of 2), 9 frames: the latents [1, 16, 3, 2, 2] are never cut, and the pipeline decodes twice, the edit
+    (first and last latents, [1, 16, 2, 2, 2] → 5 frames) then the reasoning (the first two, → 5 frames),
+    and returns the reasoning's 5 frames and the edit's last 4: ``.frames`` [1, 9, 16, 16, 3]."""
+    pipe, make_kwargs = chronoedit()
+
+    def make_reasoning(**overrides: Any) -> dict[str, Any]:
+        reasoning = {"enable_temporal_reasoning": True, "num_temporal_reasoning_steps": 2, "num_frames": 9}
+        return make_kwargs(**{**reasoning, **overrides})
+
+    return pipe, make_reasoning
+
+
 # -- issue 35, group C5 (Wan-based pipelines): builders below this line --
+
+
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
+def motif_video_i2v() -> tuple[Pipeline, MakeKwargs]:
+    """Motif-Video image to video (``tiny_wan21``; diffusers' test transformer with its image-embedding width
+    and its default ``AdaptiveProjectedGuidance`` guider; the call has no ``guidance_scale``): a 16×16 noise
+    image, 16×16, 9 frames. The image is ``vae.encode``d as the first latent frame's condition (the other
+    frames' condition is zero, the mask marks frame 0); with no text encoder there is no SigLIP image
+    embedding. One ``vae.decode`` of the de-normalized [1, 16, 3, 2, 2] → 9 frames (no ``vae_batch_size``
+    here: the batch is decoded in one call). ``prompt`` has no default: the call passes ``None`` beside
+    the embeddings. About 0.1 s a call on 2 CPU cores; no audio."""
+    pipe = pipeline(
+        MotifVideoImage2VideoPipeline,
+        vae=tiny_wan21(),
+        transformer=seeded(MotifVideoTransformer3DModel, {**_MOTIF_TRANSFORMER, "image_embed_dim": 4}),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        guider=AdaptiveProjectedGuidance(),
+        feature_extractor=None,
+    )
+    prompt = prompt_pair(WAN_TEXT_DIM, mask_dtype=torch.long)
+    return pipe, call_kwargs(prompt, image=16, prompt=None, height=16, width=16, num_frames=9)
+
+
+#: diffusers' tests/pipelines/anyflow FAR transformer: :data:`_ANYFLOW_TRANSFORMER` with the FAR chunking
+#: (full attention over the last 3 chunks, 4×4-compressed patches before them).
+_ANYFLOW_FAR_TRANSFORMER: dict[str, Any] = {
+    **_ANYFLOW_TRANSFORMER,
+    "compressed_patch_size": (1, 4, 4),
+    "full_chunk_limit": 3,
+}
+
+
+@builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))
+def anyflow_far() -> tuple[Pipeline, MakeKwargs]:
+    """AnyFlow FAR text to video (frame-autoregressive, flow-map distilled Wan 2.1: ``tiny_wan21``,
+    diffusers' test FAR transformer and ``FlowMapEulerDiscreteScheduler``): 16×16, 9 frames,
+    ``chunk_partition`` [1, 1, 1] → 3 chunks of 1 latent frame, each denoised in 2 steps attending to the
+    KV cache of the ones before; the chunks are joined and permuted back after the loop, then one
+    ``vae.decode`` of [1, 16, 3, 2, 2] → 9 frames. The ``"latent"`` output is [1, 16, 3, 2, 2]. About 0.2 s
+    a call on 2 CPU cores; no audio."""
+    pipe = pipeline(
+        AnyFlowFARPipeline,
+        vae=tiny_wan21(),
+        transformer=seeded(AnyFlowFARTransformer3DModel, _ANYFLOW_FAR_TRANSFORMER),
+        scheduler=FlowMapEulerDiscreteScheduler(num_train_timesteps=1000, shift=5.0),
+    )
+    return pipe, video_kwargs(16, 6.0, prompt_pair(WAN_TEXT_DIM), chunk_partition=[1, 1, 1])

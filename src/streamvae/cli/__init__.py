@@ -1,4 +1,4 @@
-"""The ``streamvae`` command: ``demo``, ``decode`` and ``serve``.
+"""The ``streamvae`` command: ``demo``, ``decode``, ``verify`` and ``serve``.
 
 ``demo`` decodes the embedded seeded Wan VAE's latent (no download); ``decode`` decodes latents saved with
 ``torch.save`` or safetensors with a local diffusers VAE; ``serve`` runs the streaming server. Each decode
@@ -9,8 +9,13 @@ before the decode ends; the output's own name appears when its MP4 is complete, 
 whatever was there before. Every problem with the input is reported as one ``streamvae: error: …`` line
 with exit status 1, before anything is decoded where the problem is in the options.
 
+``--sign-cert`` and ``--sign-key`` sign every output with C2PA Content Credentials that say it was
+generated (checked before anything is decoded; each file is signed before it takes its name);
+``verify FILE.mp4`` says whether a file's credentials are valid, trusted (``--trust-anchor``) or not,
+and what they say.
+
 Ctrl-C stops the decode the same way (partial outputs removed) and is reported as ``streamvae:
-interrupted``, exit status 130.
+interrupted``, exit status 130; SIGTERM too, reported as ``streamvae: terminated``, exit status 143.
 
 rich (the progress bar) and starlette / uvicorn (``serve``) are optional: the library never imports them,
 and this package only when they are used (``pip install -e '.[serve]'`` in a checkout). torch, diffusers

@@ -15,6 +15,7 @@ error answer without loading any of it.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -52,8 +53,25 @@ def session_options(args: argparse.Namespace, vae: Any, *, fps: Fraction, **extr
         output=args.container,
         video_codec="auto",
         video_codec_options=codec,
+        provenance=_provenance(args),
         **extra,
     )
+
+
+def _provenance(args: argparse.Namespace) -> Any:
+    """``--sign-cert`` and ``--sign-key`` as a :class:`streamvae.Provenance` (checked with a trial
+    signature before anything is decoded), or None without them."""
+    if args.sign_cert is None and args.sign_key is None:
+        return None
+    if args.sign_cert is None or args.sign_key is None:
+        raise CliError("--sign-cert and --sign-key go together: the certificate chain and its private key")
+    try:
+        from streamvae import Provenance
+    except ImportError as error:
+        raise CliError(
+            f"--sign-cert needs c2pa-python: pip install 'streamvae[provenance]' ({error})"
+        ) from error
+    return Provenance(certificate_chain=args.sign_cert, private_key=args.sign_key)
 
 
 def demo_job(args: argparse.Namespace) -> DecodeJob:
@@ -123,6 +141,7 @@ def run_job(args: argparse.Namespace, build: Callable[[argparse.Namespace], Deco
     import anyio
 
     import streamvae.cli as cli  # the runner by its public name: the one a caller (a test) may replace
+    from streamvae.cli._signals import until_sigterm
     from streamvae.models import as_decoder
 
     job = build(args)
@@ -130,9 +149,12 @@ def run_job(args: argparse.Namespace, build: Callable[[argparse.Namespace], Deco
         # A rank of a sharded decode that does not own the output: it decodes its strip, writes nothing.
         from streamvae import decode_to_mp4
 
-        anyio.run(lambda: decode_to_mp4(job.vae, job.latents, options=job.options), backend=args.backend)
+        decode = functools.partial(decode_to_mp4, job.vae, job.latents, options=job.options)
+        anyio.run(until_sigterm, decode, backend=args.backend)
         return 0
-    summary = anyio.run(lambda: cli.run_decode(job, progress=not args.quiet), backend=args.backend)
+    # SIGTERM stops the decode as Ctrl-C does: cancelled in its loop, its partial outputs removed.
+    run = functools.partial(cli.run_decode, job, progress=not args.quiet)
+    summary = anyio.run(until_sigterm, run, backend=args.backend)
     print(summary.line())
     return 0
 
@@ -146,6 +168,7 @@ def serve(args: argparse.Namespace) -> int:
             "serve needs starlette and uvicorn: pip install starlette uvicorn "
             f"(in a checkout: pip install -e '.[serve]') ({error})"
         ) from error
+    _check_listen(args.host, args.port)
     serve(
         host=args.host,
         port=args.port,
@@ -155,3 +178,24 @@ def serve(args: argparse.Namespace) -> int:
         session_options={"video_codec": "auto"},  # the app's default is libx264, which a build may lack
     )
     return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """A :class:`CliError` naming ``--host`` or ``--port`` unless the server can listen there: a busy or
+    privileged port would otherwise be uvicorn's own log line and its exit status 3, after the app is
+    built. The socket is bound as uvicorn binds it (``SO_REUSEADDR``), then closed for uvicorn to take."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if error.errno == errno.EADDRINUSE:
+            raise CliError(f"--port {port}: {host}:{port} is in use already (choose another port)") from None
+        if error.errno == errno.EACCES:
+            raise CliError(f"--port {port}: listening on {host}:{port} is not permitted ({reason})") from None
+        raise CliError(f"--host {host} --port {port}: cannot listen there ({reason})") from None

@@ -8,13 +8,14 @@ from collections.abc import Sequence
 
 import av
 
-from streamvae._errors import NoEncoderError
+from streamvae._errors import NoEncoderError, SigningError
 from streamvae.cli._inputs import CliError
 from streamvae.cli._parser import build_parser
+from streamvae.cli._signals import TERMINATED_STATUS, Terminated, sigterm_as_ctrl_c
 
 # What a user's input (a codec option, an output path) or machine (no encoder that works) can make the
 # decode raise; anything else is a bug and keeps its traceback.
-_USER_ERRORS = (CliError, ValueError, TypeError, OSError, av.error.FFmpegError, NoEncoderError)
+_USER_ERRORS = (CliError, ValueError, TypeError, OSError, av.error.FFmpegError, NoEncoderError, SigningError)
 
 #: The exit status of a run stopped by Ctrl-C (SIGINT): 128 + the signal's number, as shells report it.
 _INTERRUPTED = 130
@@ -23,15 +24,20 @@ _INTERRUPTED = 130
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status: 1 for a problem with the input, reported in one
     ``streamvae: error: …`` line on stderr, and 130 for Ctrl-C, reported as ``streamvae: interrupted``
-    once the decode has stopped (its partial outputs removed, files that were there before untouched)."""
+    once the decode has stopped (its partial outputs removed, files that were there before untouched);
+    SIGTERM stops it the same way, reported as ``streamvae: terminated``, 143."""
     # SVT-AV1 prints a 17-line banner at every open, between the progress bar's lines: errors only. The
     # command owns its process, so it may set what the library never would; a user's SVT_LOG wins.
     os.environ.setdefault("SVT_LOG", "1")
     try:
-        args = build_parser().parse_args(argv)
-        status: int = args.run(args)
+        with sigterm_as_ctrl_c():
+            args = build_parser().parse_args(argv)
+            status: int = args.run(args)
     except BaseException as error:
         if _interrupted(error):
+            if any(isinstance(leaf, Terminated) for leaf in _leaves(error)):
+                print("streamvae: terminated", file=sys.stderr)
+                return TERMINATED_STATUS
             print("streamvae: interrupted", file=sys.stderr)
             return _INTERRUPTED
         reported = _user_error(error)

@@ -18,6 +18,7 @@ from streamvae._codec_options import MAX_CRF, X264_PRESETS
 from streamvae.cli._commands import decode_job, demo_job, run_job, serve
 from streamvae.cli._devices import parse_device
 from streamvae.cli._inputs import CliError
+from streamvae.cli._verify import verify as verify_file
 
 
 def _fps(text: str) -> Fraction:
@@ -41,6 +42,32 @@ def _crf(text: str) -> int:
     if not 0 <= crf <= MAX_CRF:
         raise argparse.ArgumentTypeError(f"must be from 0 (lossless) to {MAX_CRF}, got {crf}")
     return crf
+
+
+#: the largest seed: what ``torch.Generator.manual_seed`` takes (the server's ``seed`` has the same range)
+_MAX_SEED = 2**64 - 1
+#: the largest TCP port
+_MAX_PORT = 65535
+
+
+def _seed(text: str) -> int:
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= seed <= _MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1 ({_MAX_SEED}), got {text}")
+    return seed
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= port <= _MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be from 0 (any free port) to {_MAX_PORT}, got {port}")
+    return port
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,6 +96,13 @@ def _add_encode_options(parser: argparse.ArgumentParser, *, fps: Fraction | None
     parser.add_argument("--container", choices=["fragmented", "mp4"], default="fragmented", help=containers)
     parser.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio", help="event loop")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar, only the summary")
+    signing = "sign every output with C2PA Content Credentials that say it was generated: "
+    parser.add_argument(
+        "--sign-cert", type=Path, metavar="PEM", help=signing + "the certificate chain (signer first)"
+    )
+    parser.add_argument(
+        "--sign-key", type=Path, metavar="PEM", help=signing + "the certificate's private key"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("-o", "--output", type=Path, default=Path("demo.mp4"), help="default demo.mp4")
     demo.add_argument("--frames", type=int, default=65, help="1 + 4k frames (default 65)")
     demo.add_argument("--size", type=int, default=256, help="width = height, a multiple of 16 (default 256)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the latent (default 0)")
+    demo.add_argument("--seed", type=_seed, default=0, help="seed of the latent, 0 … 2**64 - 1 (default 0)")
     # None: the demo's own rate (streamvae.demo.DEMO_FPS), read when it runs: that module imports diffusers.
     _add_encode_options(demo, fps=None, fps_help="16, the demo's")
     demo.set_defaults(run=lambda args: run_job(args, demo_job))
@@ -115,9 +149,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_encode_options(decode, fps=Fraction(16), fps_help="16")
     decode.set_defaults(run=lambda args: run_job(args, decode_job))
 
+    verify = commands.add_parser("verify", help="check an MP4's Content Credentials (C2PA) and show them")
+    verify.add_argument("file", type=Path, help="the MP4 to check")
+    verify.add_argument(
+        "--trust-anchor", type=Path, metavar="PEM", help="a CA certificate to trust the signer against"
+    )
+    verify.set_defaults(run=verify_file)
+
     command = commands.add_parser("serve", help="serve the demo: a page with a video streamed as it decodes")
-    command.add_argument("--host", default="127.0.0.1")
-    command.add_argument("--port", type=int, default=8000)
+    command.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0: all of them)"
+    )
+    command.add_argument(
+        "--port", type=_port, default=8000, help="TCP port to listen on (default 8000; 0: any free port)"
+    )
     command.add_argument("--max-concurrent", type=int, default=8, help="decodes at once (default 8)")
     command.add_argument("--max-queued", type=int, default=16, help="requests waiting; more get 503")
     command.add_argument(

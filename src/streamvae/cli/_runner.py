@@ -102,7 +102,7 @@ async def run_decode(job: DecodeJob, *, progress: bool = True) -> DecodeSummary:
                 reporter.stop(session)
             group.cancel_scope.cancel()
     except BaseExceptionGroup as errors:
-        raise _unwrap(errors) from None
+        raise unwrap(errors) from None
     width, height = frame_size[0] if frame_size else (None, None)
     return DecodeSummary(
         frames=session.frames_pushed,
@@ -129,7 +129,7 @@ def error_leaves(errors: BaseExceptionGroup[BaseException]) -> list[BaseExceptio
     return leaves
 
 
-def _unwrap(errors: BaseExceptionGroup[BaseException]) -> BaseException:
+def unwrap(errors: BaseExceptionGroup[BaseException]) -> BaseException:
     """The one error behind ``errors`` (every reader of a failed session raises the same one)."""
     leaves = error_leaves(errors)
     return leaves[0] if len(leaves) == 1 else errors

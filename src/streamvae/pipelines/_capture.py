@@ -15,10 +15,17 @@ in for ``vae.decode`` for the duration of the call. What the stand-in does is th
   MiniMax-H3) is not stopped: the stand-in hands back a one-pixel placeholder of the video, so the
   pipeline goes on to its audio decode and returns its soundtrack; its video output is the placeholder's,
   and is dropped. The decoded video never exists as one tensor either way.
+- **a pipeline whose own model makes its video** (issue 35, C6; LTX-2.5's diffusion decoder): the same
+  run, the stand-in in that model's ``decode``: it lets the model decode, as the pipeline calls it, and
+  captures the video it made (one tensor: the model denoises every frame together) in place of latents,
+  which streamvae then writes chunk by chunk (:class:`DecodedVideo`).
+- **a pipeline whose video is final only at its end** (issue 35, C8; Kandinsky 6 SR, which blends its
+  decoded tiles into one canvas): no stand-in; the pipeline runs to its end (:func:`run_whole`), and
+  streamvae writes the video it returned chunk by chunk (:class:`WholeVideo`).
 - **a pipeline that decodes clip by clip** (:func:`run_clips`): each call is decoded by streamvae, its
   chunks streamed at once, and the decoded clip handed back to the pipeline (which conditions on it, and
   keeps it as it always did). Only the frames a later step can still cut are held back
-  (:class:`_ClipKeeper`); at the end, the frames sent must be, in number and order, those the pipeline
+  (:class:`ClipKeeper`); at the end, the frames sent must be, in number and order, those the pipeline
   returned, or the call fails.
 
 The design notes:
@@ -63,19 +70,29 @@ from streamvae.pipelines._plans import PipelinePlan, find_plan
 
 __all__ = [
     "CapturedDecode",
+    "ClipKeeper",
     "ClipSink",
+    "DecodedVideo",
     "FirstFrames",
+    "WholeVideo",
+    "call_pipeline",
+    "check_own_decoder",
     "check_pipeline",
     "check_pipeline_kwargs",
+    "decode_result",
     "run_clips",
     "run_to_decode",
+    "run_whole",
+    "video_output",
 ]
 
 #: seconds between looks at a cancelled caller while waiting for another call on the same VAE
 _TURN_POLL_SECONDS = 0.05
-#: how far a returned frame's per-channel mean may be from the one streamvae sent at that place (the
-#: same pixels give the same means to float rounding; another frame is far off)
-_FINGERPRINT_TOLERANCE = 2e-3
+#: how far a returned frame's per-channel mean may be from the one streamvae sent at that place: just over
+#: one 8-bit level (1/255), as Cosmos 2.5 Transfer truncates its decoded frames to uint8 and back (each
+#: mean drops by up to a level); the same pixels give the same means to float rounding, another frame is
+#: far off
+FINGERPRINT_TOLERANCE = 4e-3
 
 _turns_lock = threading.Lock()
 _turns: weakref.WeakKeyDictionary[Any, threading.Lock] = weakref.WeakKeyDictionary()
@@ -220,22 +237,25 @@ def run_to_decode(
         plan = find_plan(pipe, pipeline_kwargs, owner=owner)
     vae = pipe.vae
     calls: list[CapturedDecode] = []
+    own_decode = _own_decode(pipe, plan, owner)  # issue 35, C6: None where its VAE decodes
 
     def stand_in(latents: Tensor, extra: Mapping[str, Any], return_dict: bool) -> Any:
         check_abandoned(owner)  # a cancellation during the last denoising step
+        if own_decode is not None:  # issue 35, C6: what is captured is the video its own model made
+            latents, extra = own_decode(latents, extra), {}
         captured = CapturedDecode(latents, extra)
         if not go_on:
             raise _ReachedDecode(captured)
         if calls:
             raise RuntimeError(f"{owner}: {plan.name} called vae.decode a second time; it decodes once")
         calls.append(captured)
-        frames = as_decoder(vae, owner=owner, **extra).output_frames(latents.shape[2])
+        frames = None if own_decode else as_decoder(vae, owner=owner, **extra).output_frames(latents.shape[2])
         shape = (latents.shape[0], 3, latents.shape[2] if frames is None else frames, 1, 1)
         placeholder = torch.zeros(shape, dtype=latents.dtype, device=latents.device)
-        return _decode_result(placeholder, return_dict)
+        return decode_result(placeholder, return_dict)
 
     try:
-        output = _call(pipe, plan, pipeline_kwargs, stand_in, owner=owner)
+        output = call_pipeline(pipe, plan, pipeline_kwargs, stand_in, owner=owner)
     except _ReachedDecode as reached:
         captured = reached.captured
         # Its traceback holds every local of the denoising loop: let go of it now.
@@ -256,7 +276,7 @@ def run_clips(
     as the pipeline asks for it and handing the decoded clip back; then check that what was sent is, in
     number and order, the video the pipeline returned (a RuntimeError if not)."""
     vae = pipe.vae
-    keeper = _ClipKeeper(plan, pipeline_kwargs, pipe, sink, owner)
+    keeper = ClipKeeper(plan, pipeline_kwargs, pipe, sink, owner)
 
     def stand_in(latents: Tensor, extra: Mapping[str, Any], return_dict: bool) -> Any:
         decoder = as_decoder(vae, owner=owner, **extra)
@@ -269,13 +289,13 @@ def run_clips(
 
         run_decode(decoder, latents, on_chunk, owner)
         keeper.end_clip()
-        return _decode_result(torch.cat(pieces, dim=2), return_dict)
+        return decode_result(torch.cat(pieces, dim=2), return_dict)
 
-    output = _call(pipe, plan, pipeline_kwargs, stand_in, owner=owner)
-    keeper.finish(_video_output(plan, output))
+    output = call_pipeline(pipe, plan, pipeline_kwargs, stand_in, owner=owner)
+    keeper.finish(video_output(plan, output))
 
 
-class _ClipKeeper:
+class ClipKeeper:
     """Worker thread: which decoded frames of each clip the pipeline keeps, sent as soon as they are final.
 
     The pipeline returns ``cat(kept clips)[:final_length(kept)]`` (its plan): a clip's first
@@ -316,7 +336,10 @@ class _ClipKeeper:
             chunk = chunk[:, :, dropped:]
         if chunk.shape[2] == 0:
             return
-        self._fingerprints.extend(_fingerprints(chunk, self._value_range))
+        if self._clips.crop is not None:  # issue 35, group C2: the region of each frame the pipeline keeps
+            top, left, height, width = self._clips.crop(self._kwargs, self._pipe, *chunk.shape[3:])
+            chunk = chunk[:, :, :, top : top + height, left : left + width]
+        self._fingerprints.extend(fingerprints(chunk, self._value_range))
         self._kept += chunk.shape[2]
         self._held.append(chunk)
         # Whatever follows, the output keeps at least this many (a later clip only adds frames).
@@ -344,7 +367,7 @@ class _ClipKeeper:
         self._release()
         means = video.float().mean(dim=(3, 4)).cpu()  # [B, F, C]
         sent = torch.stack(self._fingerprints[:returned], dim=1)  # [B, F, C]
-        far = (means - sent).abs().amax(dim=(0, 2)) > _FINGERPRINT_TOLERANCE
+        far = (means - sent).abs().amax(dim=(0, 2)) > FINGERPRINT_TOLERANCE
         if bool(far.any()):
             first = int(far.nonzero()[0])
             raise RuntimeError(
@@ -366,7 +389,7 @@ class _ClipKeeper:
             self._sent += take
 
 
-def _fingerprints(chunk: Tensor, value_range: ValueRange) -> list[Tensor]:
+def fingerprints(chunk: Tensor, value_range: ValueRange) -> list[Tensor]:
     """Per frame of a BCTHW chunk, its per-channel mean as the pipeline's output holds it (in [0, 1])."""
     x = chunk.detach().float()
     if isinstance(value_range, PerChannelRange):
@@ -383,7 +406,7 @@ def _fingerprints(chunk: Tensor, value_range: ValueRange) -> list[Tensor]:
 # -- one call of the pipeline --
 
 
-def _call(
+def call_pipeline(
     pipe: Any,
     plan: PipelinePlan,
     pipeline_kwargs: Mapping[str, Any],
@@ -392,8 +415,9 @@ def _call(
     owner: str,
 ) -> Any:
     """Run ``pipe`` once with ``stand_in`` for its ``vae.decode`` (in this thread only), checked for a
-    cancelled caller before each model forward and at each step's end; return its output."""
-    vae = pipe.vae
+    cancelled caller before each model forward and at each step's end; return its output. A pipeline
+    whose own model decodes its video (issue 35, C6) has ``stand_in`` for that model's ``decode``."""
+    vae = pipe.vae if plan.decodes_itself is None else getattr(pipe, plan.decodes_itself)  # issue 35, C6
     with _turn(vae, owner):
         check_abandoned(owner)  # a cancellation before the denoising loop starts
         kwargs = dict(pipeline_kwargs)
@@ -410,13 +434,17 @@ def _call(
             return pipe(**kwargs)
 
 
-def _video_output(plan: PipelinePlan, output: Any) -> Tensor:
-    """The ``[B, F, C, H, W]`` video of a pipeline's output (``output_type="pt"``)."""
+def video_output(plan: PipelinePlan, output: Any) -> Tensor:
+    """The ``[B, F, C, H, W]`` video of a pipeline's output (``output_type="pt"``); an image pipeline's
+    ``images`` ``[B, C, H, W]`` are one-frame videos."""
+    if not plan.modular and "frames" not in output:
+        images = output.images
+        return (images if isinstance(images, Tensor) else torch.stack(list(images)))[:, None]
     video = output[plan.outputs[0]] if plan.modular else output.frames
     return video if isinstance(video, Tensor) else torch.stack(list(video))
 
 
-def _decode_result(sample: Tensor, return_dict: bool) -> Any:
+def decode_result(sample: Tensor, return_dict: bool) -> Any:
     """What ``vae.decode`` returns for ``sample``: a ``DecoderOutput``, or ``(sample,)``."""
     if not return_dict:
         return (sample,)
@@ -517,3 +545,94 @@ def _turn(vae: Any, owner: str) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+# -- issue 35, group C6: the pipelines whose own model decodes their video (LTX-2.5's diffusion decoder) --
+
+#: frames of an already decoded video each chunk publishes (:class:`DecodedVideo`)
+_DECODED_CHUNK_FRAMES = 8
+
+
+class DecodedVideo:
+    """A :class:`streamvae.SupportsChunkedVAEDecode` whose latents are a video already decoded, ``[B, C, F,
+    H, W]`` in [-1, 1], published a few frames a chunk: the video a pipeline's own model made
+    (:attr:`PipelinePlan.decodes_itself`), written as a decode's chunks would be, into the same session."""
+
+    #: the range the pipeline's post-processing maps to [0, 1], as ``(x / 2 + 0.5).clamp(0, 1)``
+    chunk_value_range: ValueRange = (-1.0, 1.0)
+
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        # views of the one tensor; an on_chunk that raises ends the publishing, as the protocol says
+        for chunk in z.split(_DECODED_CHUNK_FRAMES, dim=2):
+            on_chunk(chunk)
+
+
+def check_own_decoder(pipe: object, name: str, *, owner: str) -> DecodedVideo:
+    """What stands for the VAE of a pipeline whose component ``name`` decodes its video: a
+    :class:`DecodedVideo`, once ``pipe`` is a callable pipeline with such a component (a TypeError naming
+    it if not). Such a pipeline may have no VAE at all."""
+    decoder = getattr(pipe, name, None)
+    if decoder is None or not callable(getattr(decoder, "decode", None)) or not callable(pipe):
+        raise TypeError(
+            f"{owner}: {type(pipe).__module__}.{type(pipe).__qualname__} makes its video with its "
+            f"{name}.decode, and has no {name} with a decode method, got {type(decoder).__qualname__}"
+        )
+    return DecodedVideo()
+
+
+def _own_decode(
+    pipe: Any, plan: PipelinePlan, owner: str
+) -> Callable[[Tensor, Mapping[str, Any]], Tensor] | None:
+    """``(latents, other arguments) -> video``: the ``decode`` of the component that makes the pipeline's
+    video (its plan's ``decodes_itself``), taken before the stand-in replaces it, called as the pipeline
+    calls it (its generator too: the model draws its noise from it) and checked for a cancelled caller
+    after it (its denoising is one pass of one model, before which the stand-in checks too); None where the
+    pipeline's VAE decodes."""
+    if plan.decodes_itself is None:
+        return None
+    decode = getattr(pipe, plan.decodes_itself).decode
+
+    def run(latents: Tensor, extra: Mapping[str, Any]) -> Tensor:
+        video: Tensor = decode(latents, **extra, return_dict=False)[0]
+        check_abandoned(owner)
+        return video
+
+    return run
+
+
+# -- issue 35, group C8: the pipelines whose video is final only at their end (Kandinsky 6 SR) --
+
+
+class WholeVideo(DecodedVideo):
+    """A :class:`DecodedVideo` of a pipeline's own output video, ``[B, C, F, H, W]`` in [0, 1] (its
+    ``output_type="pt"`` frames with the channels moved before the frames): what a pipeline whose video is
+    final only at its end returned (:attr:`PipelinePlan.whole_output`), written a few frames a chunk."""
+
+    #: the range of the pipeline's ``"pt"`` output, post-processed already
+    chunk_value_range: ValueRange = (0.0, 1.0)
+
+
+def run_whole(
+    pipe: Any, plan: PipelinePlan, pipeline_kwargs: Mapping[str, Any], *, owner: str
+) -> CapturedDecode:
+    """Worker thread: run ``pipe(**pipeline_kwargs)`` to its end with ``output_type="pt"``, its own
+    ``vae.decode`` untouched, checked for a cancelled caller before it starts, before each model forward
+    and at each step's end (where it takes a ``callback_on_step_end``), as :func:`call_pipeline` checks;
+    return its output video as the latents of a :class:`WholeVideo`, ``[B, C, F, H, W]`` in [0, 1], with
+    its output (for its sound). The video is a view of the pipeline's own tensor: nothing is copied."""
+    with _turn(pipe.vae, owner):
+        check_abandoned(owner)  # a cancellation before the pipeline starts
+        kwargs = dict(pipeline_kwargs)
+        kwargs["output_type"] = "pt"  # a tensor in [0, 1], the frames "np" gives, not yet on the CPU
+        if plan.modular:
+            kwargs["output"] = list(plan.outputs)
+        else:
+            parameters = inspect.signature(pipe).parameters
+            if "return_dict" in parameters:
+                kwargs["return_dict"] = True
+            if "callback_on_step_end" in parameters:
+                _wrap_step_callback(kwargs, owner)
+        with _checked_forwards(pipe, owner):
+            output = pipe(**kwargs)
+    video = video_output(plan, output)  # [B, F, C, H, W]
+    return CapturedDecode(video.permute(0, 2, 1, 3, 4), {}, output)

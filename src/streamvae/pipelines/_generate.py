@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from math import inf
 from typing import Any
 
 import anyio
+import torch
 
 from streamvae._checks import check_fps
 from streamvae._decode import decode_to_mp4, stream_mp4
@@ -30,13 +33,19 @@ from streamvae.models import ChunkedDecoder, ProtocolDecoder, as_decoder, suppor
 from streamvae.pipelines._capture import (
     CapturedDecode,
     ClipSink,
+    DecodedVideo,
     FirstFrames,
+    WholeVideo,
+    check_own_decoder,
     check_pipeline,
     check_pipeline_kwargs,
     run_clips,
     run_to_decode,
+    run_whole,
 )
-from streamvae.pipelines._plans import PipelinePlan, find_plan
+from streamvae.pipelines._frames import run_frame_batches
+from streamvae.pipelines._plans import PipelinePlan, find_plan, is_modular, own_decoder
+from streamvae.pipelines._transforms import framed_decoder, in_session, run_in_session
 
 __all__ = ["generate_mp4", "stream_generation"]
 
@@ -49,6 +58,7 @@ async def generate_mp4(
     *,
     fps: float,
     session_options: Mapping[str, Any] | None = None,
+    pipeline_fps: float | None = None,
     **pipeline_kwargs: Any,
 ) -> list[bytes]:
     """Run diffusers video pipeline ``pipe`` and stream its decode into one MP4 per video.
@@ -68,19 +78,39 @@ async def generate_mp4(
       conditions on it and keeps it, as it did before); the frames a later step may still trim wait for
       it, and at the end the frames written are checked, in number and order, against the video the
       pipeline returned: a difference is a RuntimeError, never a different video;
+    - a pipeline that decodes its frames as a batch of images (AnimateDiff, I2VGenXL, PIA, text-to-video
+      SD with an image VAE; Stable Video Diffusion), ``decode_chunk_size`` frames a ``vae.decode`` call,
+      has each call decoded by streamvae and its frames streamed as soon as every video of the batch has
+      them (one video: after each call), then checked against the video the pipeline returned;
+    - a pipeline whose own model makes its video instead of ``vae.decode`` (LTX-2.5's diffusion decoder:
+      LTX2VideoDiffusionDecodePipeline, which needs no VAE, and the modular LTX25AutoBlocks) has that
+      model decode as its code calls it, and streamvae encodes the video it made chunk by chunk: a
+      diffusion model that denoises every frame together, its video is one tensor, and the first byte
+      leaves once it is whole;
+    - a pipeline whose video is final only at its end (Kandinsky6SRPipeline, which blends its decoded
+      tiles, each over every frame, into one canvas) runs to its end as its own code runs, and streamvae
+      encodes the video it returned chunk by chunk: the first byte leaves after the whole run;
     - sound (LTX2Pipeline's vocoder output, MiniMax-H3's stereo soundtrack at its sampling rate) is
       muxed as ``audio_waveforms`` is. An ``audio_waveforms`` of your own in ``session_options`` replaces
       it (and the pipeline's audio decode is skipped).
+
+    ``fps`` is the video's frame rate; it never reaches the pipeline. ``pipeline_fps`` is the pipeline's own
+    ``fps`` argument, for the pipelines that take one (Stable Video Diffusion and Cosmos condition on it):
+    ``generate_mp4(svd, fps=7, pipeline_fps=7, image=...)`` is ``svd(image=..., fps=7)`` written at 7 fps.
+    Left out, the pipeline sees its own default, as ``pipe(**pipeline_kwargs)`` would; a pipeline without
+    an ``fps`` argument refuses it (TypeError).
 
     ``session_options`` is a dict of :class:`streamvae.SessionOptions` keywords (codec, audio, output
     files, …; ``value_range`` defaults to the decoder's): for a pipeline that decodes once the bytes are
     those :func:`streamvae.decode_to_mp4` writes for its latents with those options.
 
-    Works with the pipelines streamvae has checked frame for frame (docs/pipelines.md): Wan, Helios,
-    Wan-Animate, SkyReels-V2, HunyuanVideo (1.5 too), LTX-Video, LTX-2, CogVideoX, Kandinsky 5, SANA-Video,
-    Mochi, Allegro, and MiniMax-H3's modular pipeline. Anything else is a TypeError naming why, before the
-    pipeline runs — the VAE first (one :func:`streamvae.models.as_decoder` does not take), then the
-    pipeline; every other argument is checked at the call too.
+    Works with the pipelines streamvae has checked frame for frame: 90 of diffusers 0.42.1's 92 video
+    pipelines, standard and modular (docs/pipelines.md lists them, with when each one's first byte can
+    leave, and why the other two are refused: EasyAnimate control, which diffusers itself cannot run, and
+    LTX-2 HDR, whose linear light no 8-bit MP4 holds). Anything else is a TypeError naming why, before the
+    pipeline runs — the VAE first
+    (one :func:`streamvae.models.as_decoder` does not take), then the pipeline; every other argument is
+    checked at the call too.
 
     Threads: the pipeline runs in a worker thread, never on the event loop, and calls on one VAE take
     turns; what stands in for ``vae.decode`` acts in that thread only (another thread's ``vae.decode``
@@ -89,8 +119,10 @@ async def generate_mp4(
     is never abandoned.
     """
     owner = "generate_mp4"
-    call, options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="mp4")
-    if call.plan.clips is not None:
+    call, options = _check(
+        pipe, fps, session_options, pipeline_kwargs, owner=owner, output="mp4", pipeline_fps=pipeline_fps
+    )
+    if call.plan.clips is not None or in_session(call.plan) or call.plan.frame_batches is not None:
         async with ChunkedVideoMP4Session(options=options) as session:
             sink = ClipSink(chunk_bridge(session, owner), functools.partial(session.check_batch, owner=owner))
             await _run_clips(call, sink)
@@ -105,6 +137,7 @@ def stream_generation(
     *,
     fps: float,
     session_options: Mapping[str, Any] | None = None,
+    pipeline_fps: float | None = None,
     **pipeline_kwargs: Any,
 ) -> AbstractAsyncContextManager[list[MP4ByteStream]]:
     """Run ``pipe`` as :func:`generate_mp4` does and give one byte stream per video while it decodes.
@@ -113,16 +146,30 @@ def stream_generation(
     :class:`streamvae.MP4ByteStream` delivers its video's bytes as they are written, fragmented MP4 by
     default (read the entries at once: see :func:`streamvae.stream_mp4`). For a pipeline that decodes
     once, entering the block runs the pipeline up to its decode (the denoising), and the bytes are
-    exactly those :func:`streamvae.stream_mp4` streams for its latents. For one that decodes clip by clip
+    exactly those :func:`streamvae.stream_mp4` streams for its latents (issue 35, C6: for one whose own
+    model makes its video, LTX-2.5's diffusion decoder, entering it runs that model's decode too, and the
+    bytes are those of the video it made; C8: for one whose video is final only at its end, Kandinsky 6
+    SR, entering it runs the whole pipeline, and the bytes are those of the video it returned). For one
+    that decodes clip by clip
     (Helios, Wan-Animate), the block is entered at its first decode, and each clip's bytes leave while
-    the pipeline generates the next: the first bytes come before its last denoising step. Leaving the
+    the pipeline generates the next: the first bytes come before its last denoising step. For one that
+    decodes a few frames a ``vae.decode`` call (AnimateDiff, Stable Video Diffusion, …), the block is
+    entered when its decode starts, and each call's frames leave as it is decoded. Leaving the
     block early cancels the pipeline and the decode; a cancellation while the block is being entered stops
     the denoising loop at its next step. Every argument is checked at the call, before the block is
     entered.
     """
     owner = "stream_generation"
-    call, options = _check(pipe, fps, session_options, pipeline_kwargs, owner=owner, output="fragmented")
-    if call.plan.clips is not None:
+    call, options = _check(
+        pipe,
+        fps,
+        session_options,
+        pipeline_kwargs,
+        owner=owner,
+        output="fragmented",
+        pipeline_fps=pipeline_fps,
+    )
+    if call.plan.clips is not None or in_session(call.plan) or call.plan.frame_batches is not None:
         return _streamed_clips(call, options)
     return _streamed_once(call, options)
 
@@ -168,6 +215,9 @@ async def _streamed_clips(call: _Call, options: SessionOptions) -> AsyncIterator
         try:
             sink = ClipSink(chunk_bridge(session, owner), on_batch)
             await _run_clips(call, sink)
+            # issue 35, C1: a block left while the pipeline ran on to its end (its last frames fitted the
+            # buffers) has closed the session: the cancellation is what ends this producer, not finish()
+            await anyio.lowlevel.checkpoint_if_cancelled()
             await session.finish()
         except BaseException as error:
             failed.append(error)
@@ -191,10 +241,13 @@ def _check(
     *,
     owner: str,
     output: str,
+    pipeline_fps: object = None,
 ) -> tuple[_Call, SessionOptions]:
     """Check every argument of a call, before the pipeline runs: the pipeline's VAE, the pipeline, its
-    keywords, the fps and the session options (``value_range`` defaults to the VAE's decoder's)."""
-    vae = check_pipeline(pipe, owner=owner)
+    keywords (``pipeline_fps`` among them, as its ``fps``), the fps and the session options
+    (``value_range`` defaults to the VAE's decoder's)."""
+    own = own_decoder(pipe)  # issue 35, C6: a model of its own makes its video: it may have no VAE
+    vae = check_pipeline(pipe, owner=owner) if own is None else check_own_decoder(pipe, own, owner=owner)
     try:
         probe = as_decoder(vae, owner=owner)
     except TypeError:
@@ -203,6 +256,7 @@ def _check(
             f"one streamvae decodes; pipelines whose VAE is one of {', '.join(supported_classes())} work"
         ) from None
     plan = find_plan(pipe, pipeline_kwargs, owner=owner)
+    pipeline_kwargs = _with_pipeline_fps(pipe, pipeline_kwargs, pipeline_fps, owner=owner)  # issue 35, C1
     check_pipeline_kwargs(pipe, plan, pipeline_kwargs, owner=owner)
     checked_fps = check_fps(fps, owner=owner)
     options = resolve_option_dict(
@@ -210,7 +264,8 @@ def _check(
         session_options,
         reserved=("fps",),
         given={"fps": checked_fps},
-        value_range=probe.chunk_value_range,
+        # issue 35, C8: a pipeline's own output video is in [0, 1]
+        value_range=WholeVideo.chunk_value_range if plan.whole_output else probe.chunk_value_range,
         output=output,
     )
     if options.audio_channels is not None:
@@ -220,7 +275,66 @@ def _check(
         )
     if plan.clips is not None and options.audio_waveforms is None and plan.sound is not None:
         raise TypeError(f"{owner}: {plan.name} decodes clip by clip and makes sound: streamvae cannot mux it")
+    if options.provenance is not None:
+        # The Content Credentials name the pipeline streamvae ran (its class), beside streamvae itself.
+        options = dataclasses.replace(options, provenance=options.provenance.ran(type(pipe).__name__))
+    batch = _batch_of_call(pipe, pipeline_kwargs)
+    if batch is not None:
+        options.check_batch(batch, owner=owner)
     return _Call(pipe, plan, pipeline_kwargs, owner), options
+
+
+def _batch_of_call(pipe: Any, kwargs: Mapping[str, Any]) -> int | None:
+    """The videos ``pipe(**kwargs)`` will make, as diffusers' video pipelines count them (prompts, else
+    ``prompt_embeds``' first dimension, × ``num_videos_per_prompt``), so that options made for another
+    batch (``output_files``, ``audio_waveforms``) are refused before the first denoising step rather than
+    after the last. None where the call does not say it plainly (a modular pipeline, a pipeline without
+    those arguments, a value the pipeline itself will refuse): the batch is then checked at the decode."""
+    try:
+        parameters = inspect.signature(pipe).parameters
+    except (TypeError, ValueError):
+        return None
+    if "prompt" not in parameters or "num_videos_per_prompt" not in parameters:
+        return None
+    per_prompt = kwargs.get("num_videos_per_prompt", parameters["num_videos_per_prompt"].default)
+    if isinstance(per_prompt, bool) or not isinstance(per_prompt, int) or per_prompt < 1:
+        return None
+    prompt = kwargs.get("prompt")
+    embeds = kwargs.get("prompt_embeds")
+    if isinstance(prompt, str):
+        prompts = 1
+    elif isinstance(prompt, list) and prompt:
+        prompts = len(prompt)
+    elif prompt is None and isinstance(embeds, torch.Tensor) and embeds.ndim > 0:
+        prompts = int(embeds.shape[0])
+    else:
+        return None
+    return prompts * per_prompt
+
+
+def _with_pipeline_fps(
+    pipe: Any, pipeline_kwargs: Mapping[str, Any], pipeline_fps: object, *, owner: str
+) -> Mapping[str, Any]:
+    """The pipeline's keywords with ``pipeline_fps`` as its own ``fps`` (Stable Video Diffusion's and
+    Cosmos' frame-rate conditioning), which the video's ``fps=`` keyword cannot be; unchanged without one.
+    A ValueError unless it is a positive number, a TypeError if the pipeline takes no ``fps``."""
+    if pipeline_fps is None:
+        return pipeline_kwargs
+    if (
+        isinstance(pipeline_fps, bool)
+        or not isinstance(pipeline_fps, (int, float))
+        or not 0 < pipeline_fps < inf
+    ):
+        raise ValueError(
+            f"{owner}: pipeline_fps must be a positive number of frames per second (the pipeline's own fps "
+            f"argument), got {pipeline_fps!r}"
+        )
+    if not is_modular(pipe) and "fps" not in inspect.signature(pipe).parameters:
+        raise TypeError(
+            f"{owner}: pipeline_fps is the pipeline's own fps argument, and {type(pipe).__name__} takes none "
+            "(the video's frame rate is fps=)"
+        )
+    return {**pipeline_kwargs, "fps": pipeline_fps}
 
 
 async def _run_once(call: _Call, options: SessionOptions) -> tuple[CapturedDecode, SessionOptions]:
@@ -234,6 +348,9 @@ async def _run_once(call: _Call, options: SessionOptions) -> tuple[CapturedDecod
     result: list[CapturedDecode] = []
 
     def work() -> None:
+        if plan.whole_output:  # issue 35, C8: run to its end, its output video encoded
+            result.append(run_whole(pipe, plan, call.kwargs, owner=owner))
+            return
         result.append(run_to_decode(pipe, call.kwargs, owner=owner, plan=plan, go_on=go_on))
 
     await run_decode_worker(work, limiter=_own_limiter())
@@ -247,10 +364,12 @@ async def _run_once(call: _Call, options: SessionOptions) -> tuple[CapturedDecod
 
 
 async def _run_clips(call: _Call, sink: ClipSink) -> None:
-    """Run a pipeline that decodes clip by clip in a worker thread of its own (never abandoned)."""
-    await run_decode_worker(
-        run_clips, call.pipe, call.plan, call.kwargs, sink, call.owner, limiter=_own_limiter()
-    )
+    """Run a pipeline that decodes clip by clip (or, issue 35 C2, joins several decodes) in a worker thread
+    of its own (never abandoned)."""
+    run = run_in_session if in_session(call.plan) else run_clips
+    if call.plan.frame_batches is not None:  # issue 35, C1: a few frames a vae.decode call
+        run = run_frame_batches
+    await run_decode_worker(run, call.pipe, call.plan, call.kwargs, sink, call.owner, limiter=_own_limiter())
 
 
 def _own_limiter() -> anyio.CapacityLimiter:
@@ -261,7 +380,12 @@ def _own_limiter() -> anyio.CapacityLimiter:
 def _decoder(call: _Call, captured: CapturedDecode) -> ChunkedDecoder:
     """The decoder of the pipeline's VAE, with the decode's other arguments (LTX-Video's ``temb``), cut
     to the frames the pipeline keeps of its decode."""
+    if call.plan.decodes_itself is not None:  # issue 35, C6: the video its own model made, a chunk at a time
+        return as_decoder(DecodedVideo(), owner=call.owner)
+    if call.plan.whole_output:  # issue 35, C8: the video the pipeline returned, a chunk at a time
+        return as_decoder(WholeVideo(), owner=call.owner)
     decoder = as_decoder(call.pipe.vae, owner=call.owner, **captured.decode_kwargs)
+    decoder = framed_decoder(decoder, call.plan, call.kwargs, call.pipe, owner=call.owner)  # issue 35, C2
     if call.plan.keep_frames is None:
         return decoder
     keep = call.plan.keep_frames(call.kwargs, call.pipe)

@@ -66,6 +66,7 @@ from streamvae.server._values import MAX_SEED
 from streamvae.server._videos import Video, VideoRegistry, link_header, video_routes
 from streamvae.server._websocket import (
     EndpointSettings,
+    check_served_options,
     pieces_decoder,
     spectator_endpoint,
     websocket_endpoint,
@@ -114,7 +115,9 @@ def create_app(
     - ``stall_timeout``: seconds a reader may take to accept a piece of the MP4 before it is cut off; a
       WebSocket session ends stalled after that long with nothing sent and no message from its client.
     - ``session_options``: extra :class:`streamvae.SessionOptions` keywords (codec options, ...), all but
-      ``fps`` and ``encode_limiter``, which are create_app's own.
+      ``fps`` and ``encode_limiter``, which are create_app's own; fragmented MP4, without
+      ``audio_channels``, ``audio_waveforms`` or ``output_files``, which no session of a server can take
+      (its sound is its generator's, and every session would write the same files).
     - ``encode_limiter``: the encode budget every request's session shares (its ``encode_limiter``
       option); default one token per core (``os.cpu_count()``), with one x264 thread per encoder unless
       ``session_options`` pins ``threads``. Without a shared budget each of N concurrent requests would
@@ -128,7 +131,9 @@ def create_app(
       Default the seeded stand-in (:class:`streamvae.server.demo_generator`). ``realtime=1`` calls it with
       ``{"num_frames": frames, "width": size, "height": size, "seed": seed, "step_seconds": delay}`` and no
       interactions; with ``latents=`` and no ``generator=`` it feeds that latent one latent frame a step
-      instead, ``delay`` seconds apart.
+      instead, ``delay`` seconds apart. A ValueError the generator raises when called or at its first
+      piece is its word on the request's values: a 400 whose body is its message (the WebSocket's
+      ``error`` carries the same).
     - WebSocket sessions share the admission, counters, events and latency of ``/video.mp4``: each holds
       a queue place from its handshake and a decode slot while it generates (a queued client is accepted
       and answered while it waits); a handshake beyond both is answered HTTP 503 with ``Retry-After``
@@ -143,6 +148,12 @@ def create_app(
       forgotten (their id is then answered 410). The defaults keep the 8 newest of up to 1 GiB together.
       ``recording_dir`` (a directory, created if missing): each ended generation is also written there as
       its MP4 and a VOD HLS playlist with its segments, for any static server or CDN to replay.
+    - ``session_options={"provenance": streamvae.Provenance(...)}``: every stream carries the unsigned XMP
+      mark in its init segment (bytes sent cannot be signed after the fact); once a generation has ended
+      complete, its recording is signed with its Content Credentials — what ``video.mp4`` replays and
+      ``recording_dir`` hold — and ``/v1/videos/{id}/manifest.c2pa`` serves the detached manifest of the
+      bytes exactly as streamed, which a ``/video.mp4`` response's ``Link`` (``rel="c2pa-manifest"``) and
+      ``session.done``'s ``content_credentials`` point to.
     - ``hls_js``: the file ``GET /hls.js`` serves (hls.js's ``dist/hls.min.js``, which the page uses where
       the browser has Media Source); default ``.hlsjs/node_modules/hls.js/dist/hls.min.js`` in the
       checkout streamvae runs from, where it exists (``make hlsjs`` installs it there). Without one
@@ -191,6 +202,7 @@ def create_app(
         value_range=decoder.chunk_value_range,
         output="fragmented",
     )
+    check_served_options(options, owner=owner, name="session_options")
     videos = _Videos(
         vae=vae,
         latents=latents if latents is not None else _demo_latent,
@@ -210,6 +222,7 @@ def create_app(
             keep_bytes=keep_bytes,
             recording_dir=recordings,
             stall_timeout=stall_timeout,
+            provenance=options.provenance,
         ),
     )
     page = _page().replace("__MAX_FRAMES__", str(max_frames)).replace("__MAX_SIZE__", str(max_size))
@@ -458,7 +471,10 @@ class _Videos:
         return MP4Response(
             self._video(request, video),
             stall_timeout=self.stall_timeout,
-            headers={"cache-control": "no-store", "link": link_header(video.id)},
+            headers={
+                "cache-control": "no-store",
+                "link": link_header(video.id, signed=self.options.provenance is not None),
+            },
             pacer=MediaTimePacer(self.options.fps) if self.pace else None,  # a schedule per response
             broadcast=video.broadcast,
         )
@@ -550,7 +566,11 @@ class _Videos:
                 start["audio"] = True
             interactions = Interactions()
             interactions.close()  # HTTP carries no interactions
-            steps = call_generator(self.generator, start, interactions, owner="create_app")
+            try:
+                steps = call_generator(self.generator, start, interactions, owner="create_app")
+            except ValueError as error:  # the generator refused the request's values
+                raise HTTPException(400, str(error)) from None
+            steps = _refusable_steps(steps)
         async with open_realtime(
             self.vae,
             steps,
@@ -559,6 +579,28 @@ class _Videos:
             owner="create_app",
         ) as run:
             yield run.session, run.video
+
+
+async def _refusable_steps(
+    steps: AsyncIterator[Tensor | RealtimePiece],
+) -> AsyncIterator[Tensor | RealtimePiece]:
+    """A generator's pieces, whose ValueError at the first piece is a 400 with its message: the
+    generator's word on the request's values, as the WebSocket sends it (later, after the status line,
+    a failure can only cut the body short). ``steps`` is closed with this iterator."""
+    try:
+        try:
+            first = await anext(steps)
+        except StopAsyncIteration:
+            return
+        except ValueError as error:
+            raise HTTPException(400, str(error)) from None
+        yield first
+        async for piece in steps:
+            yield piece
+    finally:
+        close = getattr(steps, "aclose", None)
+        if close is not None:
+            await close()
 
 
 async def _latent_steps(

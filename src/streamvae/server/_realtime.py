@@ -14,7 +14,8 @@ Each piece is decoded while the generator makes the next one. A generator that t
 A generator may have a ``check_interaction(interaction)`` method. The server calls it before it queues an
 interaction, and a ValueError it raises is the client's ``interaction_failed`` error. That is how an
 interaction the generator cannot apply gets its one answer before the generator sees it. Any other
-exception it raises is a bug in the generator, not the client's: the session fails (``generation_failed``).
+exception it raises is a bug in the generator, not the client's: the interaction is still answered
+``interaction_failed`` first, then the session fails (``generation_failed``).
 
 The stand-in model is in ``_standin``; the transports are ``_app`` and ``_websocket``.
 """

@@ -32,8 +32,15 @@ DEMO_SAMPLE_RATE = 48_000
 
 
 def seed_of_prompt(prompt: str) -> int:
-    """The stand-in's seed for a prompt: the first 8 bytes of its UTF-8 SHA-256 (stable across runs)."""
-    return int.from_bytes(hashlib.sha256(prompt.encode("utf-8")).digest()[:8], "big")
+    """The stand-in's seed for a prompt: the first 8 bytes of its UTF-8 SHA-256 (stable across runs); a
+    ValueError for a prompt UTF-8 cannot encode (a lone surrogate, which JSON's ``"\\ud800"`` makes)."""
+    try:
+        encoded = prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"event.prompt must be Unicode text (no lone surrogate), got {shown(prompt)}"
+        ) from None
+    return int.from_bytes(hashlib.sha256(encoded).digest()[:8], "big")
 
 
 def tone_hz(seed: int) -> float:
@@ -60,10 +67,12 @@ class demo_generator:  # a function to its callers (it was one): a class for che
     × ``height`` with :func:`streamvae.demo.demo_vae`.
 
     An interaction whose event has a ``prompt`` (a string; or a ``seed``, an integer) reseeds the latent
-    from the next piece, to ``seed_of_prompt(prompt)``. With ``transition_chunks`` n it blends from the
-    old latent to the new over n + 1 pieces: the event is started at the first and completed at the last.
-    The pieces before are those of the same session without the interaction. An event with neither is
-    refused by :meth:`check_interaction` (the client's ``interaction_failed``).
+    from the next piece, to ``seed_of_prompt(prompt)`` (a ``null`` prompt is no prompt: the seed then
+    applies). With ``transition_chunks`` n it blends from the old latent to the new over n + 1 pieces: the
+    event is started at the first and completed at the last. The pieces before are those of the same
+    session without the interaction. An event it cannot apply (neither, or a value of the wrong kind) is
+    refused by :meth:`check_interaction` (the client's ``interaction_failed``), and passed over if it
+    reaches the stand-in unchecked: no client's message ends the session.
     """
 
     def __init__(
@@ -104,14 +113,7 @@ class demo_generator:  # a function to its callers (it was one): a class for che
 
     def check_interaction(self, interaction: Interaction) -> None:
         """A ValueError unless the stand-in can apply ``interaction``: a ``prompt`` or a ``seed``."""
-        event = interaction.event
-        prompt, seed = event.get("prompt"), event.get("seed")
-        if prompt is None and seed is None:
-            raise ValueError("the stand-in applies an event with a prompt (a string) or a seed (an integer)")
-        if prompt is not None and not isinstance(prompt, str):
-            raise ValueError(f"event.prompt must be a string, got {shown(prompt)}")
-        if seed is not None and not (is_int(seed) and 0 <= seed <= MAX_SEED):
-            raise ValueError(f"event.seed must be an integer from 0 to {MAX_SEED}, got {shown(seed)}")
+        _event_seed(interaction.event)
 
 
 class _StandIn:
@@ -154,18 +156,17 @@ class _StandIn:
                 await anyio.sleep(self.step_seconds)
             started: list[str] = []
             completed: list[str] = []
-            arrived = [i for i in interactions.take() if "prompt" in i.event or "seed" in i.event]
+            arrived = [(i, seed) for i in interactions.take() if (seed := _applied_seed(i.event)) is not None]
             if arrived:
                 if transition is not None:  # a new target supersedes the one on its way
                     completed += transition[0]
                 if new is not None:
                     old = old * (1 - blend) + new * blend
-                last = arrived[-1].event
-                seed = seed_of_prompt(last["prompt"]) if "prompt" in last else int(last["seed"])
+                last, seed = arrived[-1]
                 new, tone_seed = await self._latent(seed), seed
-                ids = [i.event_id for i in arrived]
+                ids = [i.event_id for i, _ in arrived]
                 started += ids
-                transition = (ids, step, arrived[-1].transition_chunks)
+                transition = (ids, step, last.transition_chunks)
             if transition is not None and new is not None:
                 ids, first, pieces = transition
                 blend = min(1.0, (step - first + 1) / (pieces + 1))
@@ -193,6 +194,27 @@ class _StandIn:
         phases = self._phase + step * torch.arange(1, count + 1, dtype=torch.float64)
         self._phase = float(phases[-1]) % (2 * math.pi) if count else self._phase
         return (0.25 * torch.sin(phases - step)).to(torch.float32)[None]
+
+
+def _event_seed(event: Mapping[str, Any]) -> int:
+    """The seed an interaction's event asks for: its ``prompt``'s (a ``null`` one is none), else its
+    ``seed``; a ValueError naming the field the stand-in cannot apply."""
+    prompt, seed = event.get("prompt"), event.get("seed")
+    if prompt is None and seed is None:
+        raise ValueError("the stand-in applies an event with a prompt (a string) or a seed (an integer)")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"event.prompt must be a string, got {shown(prompt)}")
+    if seed is not None and not (is_int(seed) and 0 <= seed <= MAX_SEED):
+        raise ValueError(f"event.seed must be an integer from 0 to {MAX_SEED}, got {shown(seed)}")
+    return seed_of_prompt(prompt) if prompt is not None else int(event["seed"])
+
+
+def _applied_seed(event: Mapping[str, Any]) -> int | None:
+    """:func:`_event_seed`, or None for an event the stand-in passes over (one that reached it unchecked)."""
+    try:
+        return _event_seed(event)
+    except ValueError:
+        return None
 
 
 def _start_integer(start: Mapping[str, Any], name: str, *, default: int, low: int, high: int) -> int:

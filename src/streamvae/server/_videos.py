@@ -19,7 +19,12 @@ The routes (a contract: outside clients use these paths):
 - ``GET /v1/videos/{id}/vod.m3u8``: an ended video's replay playlist, whole segments only (what
   ``recording_dir`` holds as ``index.m3u8``);
 - ``GET /v1/videos/{id}/video.mp4``: the fragmented MP4 from its start, following a live generation; an
-  ended one's recording with ``Content-Length``, byte for byte what the owner received;
+  ended one's recording with ``Content-Length``, byte for byte what the owner received — or, with the app's
+  ``provenance=``, that recording signed with its Content Credentials;
+- ``GET /v1/videos/{id}/manifest.c2pa``: with ``provenance=``, once the generation has ended, the C2PA
+  manifest store of the bytes exactly as they were streamed (a detached manifest: a sidecar), the
+  ``Link`` of a ``/video.mp4`` response (``rel="c2pa-manifest"``) and ``session.done``'s
+  ``content_credentials``;
 - ``WS /v1/videos/{id}/watch``: a spectator (see :func:`watch`).
 """
 
@@ -41,8 +46,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import Message, Receive, Scope, Send
 
-from streamvae._errors import ViewerCutOffError
+from streamvae._errors import SigningError, ViewerCutOffError
 from streamvae._fragments import MP4Piece
+from streamvae._provenance import Provenance
 from streamvae.server._broadcast import Broadcast
 from streamvae.server._hls import (
     INIT_URI,
@@ -63,6 +69,7 @@ __all__ = [
     "HOLD_TARGETS",
     "Video",
     "VideoRegistry",
+    "credential_urls",
     "link_header",
     "video_routes",
     "watch_urls",
@@ -83,9 +90,21 @@ def watch_urls(video_id: str) -> dict[str, str]:
     return {"hls": f"{base}/live.m3u8", "mp4": f"{base}/video.mp4", "ws": f"{base}/watch"}
 
 
-def link_header(video_id: str) -> str:
-    """The ``Link`` header of a ``/video.mp4`` response: where else the same generation plays."""
-    return f'</v1/videos/{video_id}/live.m3u8>; rel="alternate"; type="application/vnd.apple.mpegurl"'
+def credential_urls(video_id: str) -> dict[str, str]:
+    """Where an ended, signed video's Content Credentials are: the detached manifest of the bytes as
+    streamed, and the signed recording (``session.done``'s ``content_credentials``)."""
+    base = f"/v1/videos/{video_id}"
+    return {"manifest": f"{base}/manifest.c2pa", "recording": f"{base}/video.mp4"}
+
+
+def link_header(video_id: str, *, signed: bool = False) -> str:
+    """The ``Link`` header of a ``/video.mp4`` response: where else the same generation plays, and with
+    ``signed`` (the app's ``provenance=``) where its C2PA manifest will be once it has ended
+    (``rel="c2pa-manifest"``, as C2PA links an external manifest)."""
+    link = f'</v1/videos/{video_id}/live.m3u8>; rel="alternate"; type="application/vnd.apple.mpegurl"'
+    if signed:
+        link += f', <{credential_urls(video_id)["manifest"]}>; rel="c2pa-manifest"; type="application/c2pa"'
+    return link
 
 
 @dataclass(eq=False)
@@ -97,6 +116,14 @@ class Video:
     timing: HLSTiming
     #: bytes sent to this video's viewers (HLS, video.mp4 and spectators together)
     served_bytes: int = 0
+    #: the ended recording, signed (with the app's ``provenance=``), which replays serve
+    signed: bytes | None = None
+    #: the detached C2PA manifest of the bytes as they were streamed (``manifest.c2pa``)
+    manifest: bytes | None = None
+
+    def credentials(self) -> dict[str, str] | None:
+        """Where this video's Content Credentials are, once it has ended signed; else None."""
+        return None if self.manifest is None else credential_urls(self.id)
 
     def publish(self, piece: MP4Piece) -> None:
         """The owner sent ``piece``: every viewer gets it (a piece of 0 frames is no part)."""
@@ -122,7 +149,9 @@ class VideoRegistry:
 
     Retention: at most ``keep_videos`` ended videos and ``keep_bytes`` bytes of their recordings are kept
     (the newest first; live videos are never forgotten: their owners hold them). ``recording_dir``: each
-    ended generation is also written there (:func:`write_recording`), in a worker thread.
+    ended generation is also written there (:func:`write_recording`), in a worker thread. ``provenance``:
+    each generation that ended complete is signed first (:meth:`end`), and its signed copy and detached
+    manifest count in ``keep_bytes`` too.
     """
 
     #: the HLS timing of every video of the app (fixed by its session options)
@@ -134,6 +163,8 @@ class VideoRegistry:
     stall_timeout: float
     #: pieces a viewer may leave unread before it is cut off
     viewer_buffer: int = 64
+    #: signs each recording that ended well (the app's ``provenance=``)
+    provenance: Provenance | None = None
     _videos: OrderedDict[str, Video] = field(default_factory=OrderedDict, init=False)  # oldest first
     _forgotten: OrderedDict[str, None] = field(default_factory=OrderedDict, init=False)
     #: bytes served to the viewers of videos forgotten since
@@ -153,6 +184,9 @@ class VideoRegistry:
         the recording is written to ``recording_dir``, and the retention applies. Shielded: an owner
         cancelled on its way out still ends its video."""
         with anyio.CancelScope(shield=True):
+            if self.provenance is not None and error is None and video.broadcast.parts:
+                # Signed before the end is told: a replay that follows the end gets the signed recording.
+                await anyio.to_thread.run_sync(self._sign, video, self.provenance)
             if video.broadcast.state == "live":
                 video.broadcast.end(error)
             if self.recording_dir is not None and video.broadcast.parts:
@@ -183,12 +217,29 @@ class VideoRegistry:
             "served_bytes": self._forgotten_served + sum(video.served_bytes for video in kept),
         }
 
+    @staticmethod
+    def _sign(video: Video, provenance: Provenance) -> None:
+        """Worker thread: the recording signed, and the detached manifest of the bytes as streamed, if it
+        is complete (a generation cut short, its client gone, is no video to vouch for). A failure is
+        logged: the replay is then the unsigned recording its viewers got, with no credentials."""
+        recording = video.broadcast.mp4_bytes()
+        if recording[-12:-8] != b"mfro":  # the muxer's trailer (mfra, ending in its mfro) was not written
+            return
+        what = f"video {video.id}'s recording"
+        try:
+            video.signed = provenance.sign(recording, what=what)
+            video.manifest = provenance.detached(recording, what=what)
+        except SigningError as error:
+            video.signed = video.manifest = None
+            logger.error("%s (its replay is unsigned)", error, exc_info=error.__cause__)
+
     def _record(self, video: Video) -> None:
         assert self.recording_dir is not None
         broadcast = video.broadcast
         assert broadcast.init is not None  # it has parts
+        recording = broadcast.mp4_bytes() if video.signed is None else video.signed
         write_recording(
-            self.recording_dir, video.id, broadcast.init, broadcast.parts, broadcast.mp4_bytes(), video.timing
+            self.recording_dir, video.id, broadcast.init, broadcast.parts, recording, video.timing
         )
 
     def _retain(self) -> None:
@@ -196,7 +247,7 @@ class VideoRegistry:
         ended = [video for video in reversed(self._videos.values()) if video.broadcast.state != "live"]
         kept_bytes = 0
         for rank, video in enumerate(ended):
-            kept_bytes += video.broadcast.size
+            kept_bytes += video.broadcast.size + len(video.signed or b"") + len(video.manifest or b"")
             if rank >= self.keep_videos or kept_bytes > self.keep_bytes:
                 self._forget(video)
 
@@ -221,6 +272,7 @@ def video_routes(registry: VideoRegistry, watch: Callable[..., Awaitable[None]])
         Route(f"{prefix}/vod.m3u8", routes.vod, methods=["GET"]),
         Route(f"{prefix}/init.mp4", routes.init, methods=["GET"]),
         Route(f"{prefix}/video.mp4", routes.mp4, methods=["GET"]),
+        Route(f"{prefix}/manifest.c2pa", routes.manifest, methods=["GET"]),
         Route(f"{prefix}/{{name:str}}", routes.media, methods=["GET"]),
         WebSocketRoute(f"{prefix}/watch", watch),
     ]
@@ -330,10 +382,21 @@ class _Routes:
         broadcast = video.broadcast
         content_type = "video/mp4" if broadcast.codecs is None else f'video/mp4; codecs="{broadcast.codecs}"'
         if broadcast.state != "live":
-            data = broadcast.mp4_bytes()
+            data = broadcast.mp4_bytes() if video.signed is None else video.signed
             video.served_bytes += len(data)
             return Response(data, headers={"content-type": content_type})
         return _Following(video, self.registry.stall_timeout, content_type)
+
+    async def manifest(self, request: Request) -> Response:
+        """The detached C2PA manifest of an ended, signed video's bytes as streamed."""
+        video = self._video(request)
+        if isinstance(video, Response):
+            return video
+        if video.manifest is None:
+            return PlainTextResponse(
+                "Content Credentials exist once the generation has ended, with the app's provenance=\n", 404
+            )
+        return self._served(video, video.manifest, "application/c2pa", live=False)
 
     def _hold(self, video: Video) -> float:
         return HOLD_TARGETS * video.timing.target_duration

@@ -15,7 +15,9 @@ The protocol is that of vllm-omni's endpoint of the same path, so its clients wo
   ``session.interaction.queued`` ``{request_id, event_id}``, or an ``error``: each interaction read before
   ``session.done`` gets exactly one answer; the pieces that reflect it name its ``event_id``;
 - client ``session.ping`` → server ``session.pong``; client ``session.stop`` ends the generation;
-- server ``session.done`` ``{request_id, chunks, stopped, statistics}`` at the end;
+- server ``session.done`` ``{request_id, chunks, stopped, statistics}`` at the end, with
+  ``content_credentials`` ``{manifest, recording}`` for an app's generation that ended complete under its
+  ``provenance=``: the URLs of the C2PA manifest of the bytes sent and of the signed recording;
 - server ``error`` ``{code, message}`` for a message that is not valid (the session goes on), and before
   closing for a refused ``session.start``, a start timeout, a stall or a failed generation.
 
@@ -94,6 +96,7 @@ __all__ = [
     "MAX_START_BYTES",
     "EndpointSettings",
     "ErrorCode",
+    "check_served_options",
     "pieces_decoder",
     "realtime_video_endpoint",
     "spectator_endpoint",
@@ -165,8 +168,9 @@ def realtime_video_endpoint(
       iterated) is the client's mistake: its message goes to the client as an ``error``. Default
       :class:`streamvae.server.demo_generator` (``max_frames``, ``max_size``).
     - ``options``: the :class:`streamvae.SessionOptions` of every connection's session; ``output`` must
-      be ``"fragmented"``. Default fragmented MP4 at :data:`streamvae.demo.DEMO_FPS` in the decoder's
-      value range.
+      be ``"fragmented"``, without ``audio_channels``, ``audio_waveforms`` or ``output_files`` (the
+      sound is the generator's; every session would write the same files). Default fragmented MP4 at
+      :data:`streamvae.demo.DEMO_FPS` in the decoder's value range.
     - ``decode_limiter``: bounds the decodes (and the stand-in's latent builds) that run at once; share
       the app's. Default one token for this endpoint, as a module decodes one piece at a time anyway.
     - ``pacer``: ``None`` (the default) sends each piece as soon as it is written; a callable of the
@@ -248,11 +252,37 @@ def _checked_options(options: object, decoder: ChunkedDecoder, owner: str) -> Se
     """The sessions' options: ``options``, which must write fragmented MP4, or the default."""
     defaults = {"fps": DEMO_FPS, "output": "fragmented"} if options is None else {}
     checked = resolve_options(owner, options, defaults, value_range=decoder.chunk_value_range)
-    if checked.output != "fragmented":
-        raise ValueError(
-            f"{owner}: options must write fragmented MP4 (output='fragmented'), got output={checked.output!r}"
-        )
+    check_served_options(checked, owner=owner, name="options")
     return checked
+
+
+def check_served_options(options: SessionOptions, *, owner: str, name: str) -> None:
+    """Raise ValueError (naming ``owner`` and the argument ``name``) unless ``options`` can serve every
+    session of a server, whatever it generates: checked where the server is built, because an option
+    that fits no session would otherwise fail each request, one by one, after its decode.
+
+    - ``output`` must be ``"fragmented"``: pieces leave as they are written, and viewers join at a
+      fragment;
+    - no ``audio_channels`` or ``audio_waveforms``: a session's sound is its generator's, decided by its
+      first piece (a ``/video.mp4`` latent has none), and a track of the options would fit no session's;
+    - no ``output_files``: every session would write the same paths (``create_app``'s ``recording_dir``
+      keeps each generation's file).
+    """
+    if options.output != "fragmented":
+        raise ValueError(
+            f"{owner}: {name} must write fragmented MP4 (output='fragmented'), got output={options.output!r}"
+        )
+    for option in ("audio_channels", "audio_waveforms"):
+        if getattr(options, option) is not None:
+            raise ValueError(
+                f"{owner}: {name}: {option} cannot be set for a server: each session's sound is its "
+                "generator's (RealtimePiece.audio), and a latent has none (leave it out)"
+            )
+    if options.output_files is not None:
+        raise ValueError(
+            f"{owner}: {name}: output_files cannot be set for a server: every session would write the same "
+            "files (leave it out; create_app's recording_dir keeps each generation's MP4)"
+        )
 
 
 # -- the client's messages, parsed --
@@ -576,7 +606,7 @@ class _Connection:
             answering = self._answering = anyio.Event()
             try:
                 await self._answer(message)
-            except Exception as error:  # a generator's check_interaction failing: a bug, not the client's
+            except Exception as error:  # a handler's own bug, not the client's: the session fails
                 self._end("failed", error)
                 self._generation.cancel()
                 return
@@ -637,6 +667,16 @@ class _Connection:
                 check(interaction)
             except ValueError as error:  # the generator's word on the client's values
                 raise _Refused(f"session.interaction: {error}", code="interaction_failed") from None
+            except Exception as error:
+                # The generator's bug, not the client's: the interaction still gets its one answer, and the
+                # session then ends failed, as it does for any other failure of the generator.
+                self._end("failed", error)
+                self._generation.cancel()
+                raise _Refused(
+                    f"session.interaction: the generator could not check event_id {shown(event_id)} "
+                    "(the server's log has why)",
+                    code="interaction_failed",
+                ) from None
         if self._events.queue.pending >= MAX_PENDING_INTERACTIONS:
             raise _Refused(
                 f"session.interaction: {MAX_PENDING_INTERACTIONS} interactions wait for the generator "
@@ -683,6 +723,9 @@ class _Connection:
                 "stopped": outcome == "stopped",
                 "statistics": statistics,
             }
+            credentials = None if self._video is None else self._video.credentials()
+            if credentials is not None:
+                done["content_credentials"] = credentials
             return await self._send_last(done, 1000)
         if outcome == "stalled":
             seconds = f"{self.settings.stall_timeout:g} s"
@@ -819,7 +862,8 @@ def spectator_endpoint(
     the init segment and each part from the newest keyframe (the start, for an ended video), each as a
     ``video.chunk_metadata`` (``kind`` ``"init"`` or ``"media"``, ``num_frames``, ``byte_length``) and a
     binary frame of those bytes, then ``session.done`` ``{request_id, chunks, stopped}`` once the generation
-    ends (or its own ``session.stop``). The binary frames together are a fragmented MP4 that plays. It does
+    ends (or its own ``session.stop``), with the owner's ``content_credentials`` once it ended signed.
+    The binary frames together are a fragmented MP4 that plays. It does
     not steer: a ``session.interaction`` is answered with an ``error`` ``not_owner``; ``session.ping`` gets
     ``session.pong``. An unknown video is an HTTP 404 at the handshake (410 past the retention), sent the
     way the busy 503 is; a spectator that falls more than its buffer behind gets ``error`` ``cut_off``, one
@@ -886,12 +930,16 @@ class _Spectator:
                 await self.websocket.close(close)
 
     def _done(self) -> dict[str, Any]:
-        return {
+        done = {
             "type": "session.done",
             "request_id": self.request_id,
             "chunks": self.pieces_sent,
             "stopped": self.stopped,
         }
+        credentials = self.video.credentials()
+        if credentials is not None:
+            done["content_credentials"] = credentials
+        return done
 
     async def _watch(self) -> dict[str, Any]:
         """Send the video from the newest keyframe to its end; the last message to send."""
