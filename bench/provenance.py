@@ -6,7 +6,8 @@ MP4, twice a repetition, side by side in one process with the order alternating:
 times are from the call to its return, medians of ``--repeats``; *sign alone* times
 ``Provenance.sign`` on the unsigned MP4 (what the signed run adds: a hash of the file, one ECDSA signature,
 the manifest written in). *Bytes added*: the signed MP4's size less the unsigned one's (the manifest store
-and, for fragmented output, the XMP mark). Results go to the "provenance" section of docs/benchmarks.md.
+and, for fragmented output, the XMP mark). Results go to the "provenance" section of docs/benchmarks.md and
+docs/provenance.png.
 
     .venv/bin/python bench/provenance.py --repeats 5
 """
@@ -25,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT))
-from _report import table_head, write_section
+from _report import DOCS, label_panel, table_head, write_section
 
 from streamvae import Provenance, decode_to_mp4
 from streamvae.demo import demo_latent, demo_vae
@@ -43,12 +44,13 @@ async def timed_decode(
     return time.perf_counter() - started, video
 
 
-def measure(repeats: int) -> list[str]:
+def measure(repeats: int) -> tuple[list[str], list[dict[str, float | str]]]:
     torch.set_num_threads(1)
     chain = make_chain()
     provenance = Provenance(certificate_chain=chain.certificate_chain, private_key=chain.private_key)
     vae = demo_vae()
-    rows = []
+    rows: list[str] = []
+    records: list[dict[str, float | str]] = []
     for frames, size in CASES:
         latent = demo_latent(frames, size, 0)
         for output in CONTAINERS:
@@ -76,14 +78,50 @@ def measure(repeats: int) -> list[str]:
                 f"| {added / sizes[0]:.3f} |"
             )
             print(rows[-1], flush=True)
-    return rows
+            records.append(
+                {
+                    "case": f"{frames} fr\n{output}",
+                    "sign_share": sign_median / plain_median,
+                    "added_share": added / sizes[0],
+                    "sign_ms": sign_median * 1000,
+                    "added_kb": added / 1000,
+                }
+            )
+    return rows, records
+
+
+def plot(records: list[dict[str, float | str]]) -> Path:
+    """docs/provenance.png: what signing adds to each case's decode, in time and in bytes, as a share."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ticks = [str(r["case"]) for r in records]
+    figure, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    panels = [
+        ("sign_share", "sign_ms", "sign alone ÷ unsigned decode", "Time a signature adds", "ms", "tab:blue"),
+        ("added_share", "added_kb", "bytes added ÷ MP4", "Bytes a signature adds", "KB", "tab:orange"),
+    ]
+    for ax, (share, absolute, ylabel, title, unit, color) in zip(axes, panels, strict=True):
+        values = [float(r[share]) * 100 for r in records]
+        bars = ax.bar(range(len(records)), values, 0.6, color=color)
+        ax.bar_label(bars, labels=[f"{float(r[absolute]):.1f} {unit}" for r in records], fontsize=7)
+        label_panel(ax, ylabel + ", %", title, ticks)
+        ax.set_ylim(top=max(values) * 1.25)
+    figure.tight_layout()
+    path = DOCS / "provenance.png"
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    rows = measure(args.repeats)
+    rows, records = measure(args.repeats)
+    plot(records)
     head = table_head(
         "frames | size | container | wall unsigned | wall signed | signed ÷ unsigned | sign alone "
         "| sign ÷ unsigned wall | MP4 | bytes added | added ÷ MP4"
@@ -105,6 +143,8 @@ def main() -> None:
             "",
             *head,
             *rows,
+            "",
+            "![What a signature adds](provenance.png)",
         ]
     )
     print(write_section("provenance", body))
