@@ -77,7 +77,9 @@ _EXTERNAL = (
 nitpick_ignore_regex = [
     (r"py:.*", _EXTERNAL + r"(\..*)?"),
     # The same, as annotations spell them after ``from torch import Tensor`` and the like.
-    (r"py:class", r"Tensor|Path|Fraction|timedelta|AutoencoderKL\w*"),
+    (r"py:class", r"Tensor|Path|Fraction|timedelta|AutoencoderKL\w*|Kandinsky6SRVAE"),
+    # SessionOptions.chunk_transform's alias, ``Callable[[Tensor], Tensor]``, as its annotation spells it.
+    (r"py:class", r"ChunkTransform"),
 ]
 
 
