@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any
 
+import pytest
 import torch
 from accelerate.hooks import ModelHook, add_hook_to_module
 from torch import Tensor
 
-from streamvae.models import ChunkedDecoder
+from streamvae.models import ChunkedDecoder, chunked_decoder
 from streamvae.testing import ChunkedDecoderReport, check_chunked_decoder
 
 
@@ -81,6 +82,24 @@ def check_whole_clip(
     calls = batch if adapter.vae.use_slicing else 1
     assert report.decoder_calls == [calls] * len(frames)  # one decoder call over the clip, before any chunk
     assert adapter.output_frames(z.shape[2]) == sum(frames) and not adapter.streams
+
+
+def check_decode_chunk_size_passed_on(
+    vae: Any, adapter_class: type[ChunkedDecoder], decode_chunk_size: int, height: int, width: int
+) -> None:
+    """``chunked_decoder(vae, decode_chunk_size=...)`` gives the family's adapter with that chunk size (a
+    family that decodes frames in batches of a size, 4 latent channels in [-1, 1]); decoding a batch of
+    frames at a time, it refuses latents in pieces (``height`` × ``width``), naming the families that take
+    them."""
+    adapter = chunked_decoder(vae, decode_chunk_size=decode_chunk_size)
+    assert type(adapter) is adapter_class and adapter.vae is vae
+    assert (adapter.decode_chunk_size, adapter.latent_channels, adapter.chunk_value_range) == (
+        decode_chunk_size,
+        4,
+        (-1, 1),
+    )
+    with pytest.raises(TypeError, match="cannot decode latents in pieces .*AutoencoderKLWan"):
+        adapter.start(1, height, width)
 
 
 def enable_square_tiles(vae: Any, **settings: float) -> None:
@@ -166,3 +185,27 @@ class FrameDecoder(ChunkedDecoder):
     def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         for k in range(z.shape[2]):
             yield self.vae.frame(z[:, :, k : k + 1])
+
+
+# A causal segment family (KVAE, Kandinsky 6 SR): ``vae.decode`` cuts the latent into segments decoded one
+# after another over a shared cache; the adapter publishes each as a chunk as soon as it is decoded. What the
+# families share is tested once in test_segment_families.py; these two checks their own files use too.
+
+
+def check_segment_chunks(adapter: ChunkedDecoder, z: Tensor, frames: list[int]) -> None:
+    """The chunks of ``z`` concatenate to ``vae.decode``, one chunk of ``frames[k]`` frames a segment."""
+    report = conforms(adapter, z)
+    assert report.chunk_frames == frames
+    # one decoder call a segment: every chunk leaves before the next segment's call
+    assert report.decoder_calls == list(range(1, len(frames) + 1))
+    assert adapter.output_frames(z.shape[2]) == sum(frames)
+
+
+def decode_pieces(adapter: ChunkedDecoder, pieces: list[Tensor]) -> list[Tensor]:
+    """The chunks of one stream fed ``pieces`` one after another, then ended."""
+    batch, _, _, height, width = pieces[0].shape
+    state = adapter.start(batch, height, width)
+    chunks: list[Tensor] = []
+    for piece in pieces:
+        chunks += list(adapter.feed(state, piece))
+    return chunks + list(adapter.end(state))

@@ -20,6 +20,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from streamvae import Provenance
+
+#: IPTC's digital source type of a model's output, what streamvae's c2pa.created action and XMP say
+GENERATED = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
+#: the extended type of the uuid box that carries XMP in an MP4 (the unsigned mark of a streamed video)
+XMP_UUID = bytes.fromhex("BE7ACFCB97A942E89C71999491E3AFAC")
+
 
 @dataclass(frozen=True)
 class SigningChain:
@@ -37,6 +44,10 @@ class SigningChain:
         key.write_bytes(self.private_key)
         return chain, key
 
+    def provenance(self) -> Provenance:
+        """What streamvae signs with this chain: ``Provenance`` of its certificates and key."""
+        return Provenance(certificate_chain=self.certificate_chain, private_key=self.private_key)
+
 
 def _name(common_name: str) -> x509.Name:
     return x509.Name(
@@ -44,6 +55,21 @@ def _name(common_name: str) -> x509.Name:
             x509.NameAttribute(NameOID.COMMON_NAME, common_name),
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "streamvae tests"),
         ]
+    )
+
+
+def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
+    """Digital signatures, and for a CA certificates and CRLs too (RFC 5280: keyCertSign needs CA true)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
     )
 
 
@@ -72,20 +98,7 @@ def make_chain(
         .not_valid_before(now - datetime.timedelta(days=2))
         .not_valid_after(now + datetime.timedelta(days=3650))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs_certificates=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -99,20 +112,7 @@ def make_chain(
         .not_valid_before(start)
         .not_valid_after(start + datetime.timedelta(days=valid_days))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs_certificates=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.EMAIL_PROTECTION]), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .add_extension(
@@ -126,14 +126,17 @@ def make_chain(
     return SigningChain(_pem(leaf) + _pem(ca), key_pem, _pem(ca))
 
 
-def read_manifest(data: bytes, *, trust: bytes | None = None) -> dict[str, Any]:
-    """The C2PA store of an MP4 as ``c2pa.Reader`` reads it (``trust``: a PEM trust anchor), as a dict."""
+def read_manifest(
+    data: bytes, *, trust: bytes | None = None, detached: bytes | None = None
+) -> dict[str, Any]:
+    """The C2PA store of an MP4 as ``c2pa.Reader`` reads it (``trust``: a PEM trust anchor; ``detached``:
+    the store itself, a manifest served beside the MP4 rather than inside it), as a dict."""
     import io
 
     context = None
     if trust is not None:
         context = c2pa.Context.from_dict({"trust": {"trust_anchors": trust.decode()}})
-    reader = c2pa.Reader("video/mp4", io.BytesIO(data), context=context)
+    reader = c2pa.Reader("video/mp4", io.BytesIO(data), detached, context=context)
     try:
         return dict(json.loads(reader.json()))
     finally:

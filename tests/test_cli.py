@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import wave
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from safetensors.torch import save_file
 from streamvae import cli, quantize_chunk
 from streamvae.cli import main
 from streamvae.models import as_decoder
+from tests._cli import check_signal_mid_decode, streamvae_command
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests._vaes import (
     latent,
@@ -627,47 +627,11 @@ def test_a_device_this_machine_lacks_is_one_line_before_anything_is_read(
     assert os.listdir(tmp_path) == []
 
 
-# Runs the command as ``python -m streamvae`` would, with Python's own Ctrl-C handler even where the test
-# runner's parent ignores SIGINT (a background job's children inherit that).
-_RUN_STREAMVAE = """
-import runpy, signal, sys
-signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.argv = ["streamvae", *sys.argv[1:]]
-runpy.run_module("streamvae", run_name="__main__")
-"""
-
-
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_ctrl_c_while_decoding_is_one_line_exit_130_and_leaves_the_earlier_file(
     backend: str, tmp_path: Path
 ) -> None:
-    output = tmp_path / "x.mp4"
-    output.write_bytes(b"an earlier render")
-    part = tmp_path / "x.mp4.part"
-    # A decode of minutes: interrupted once its first fragment is on disk, long before it ends.
-    command = [sys.executable, "-c", _RUN_STREAMVAE, "demo", "-o", str(output), "--frames", "257"]
-    command += ["--size", "256", "--backend", backend, "-q"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300  # a hang guard only
-        # The child's only sign of progress is its file: poll for it (there is nothing to wait on).
-        while not (part.exists() and part.stat().st_size > 0):
-            assert process.poll() is None, process.communicate(timeout=60)  # a pipe held open: fails
-            assert time.monotonic() < deadline, "the decode never wrote its first fragment"
-            time.sleep(0.02)
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=60)  # not communicate(): a grandchild holding its pipes would hang it
-        for pipe in (process.stdout, process.stderr):
-            assert pipe is not None
-            pipe.close()
-    assert process.returncode == 130, err[-4000:]
-    assert err == "streamvae: interrupted\n" and out == ""
-    assert os.listdir(tmp_path) == ["x.mp4"]  # no .part left
-    assert output.read_bytes() == b"an earlier render"
+    check_signal_mid_decode(tmp_path, backend, signal.SIGINT, status=130, said="streamvae: interrupted\n")
 
 
 def test_help_and_option_errors_import_neither_torch_nor_diffusers() -> None:
@@ -709,7 +673,7 @@ def test_serve_logs_each_requests_statistics() -> None:
     """``streamvae serve`` sets up logging: the per-request statistics line appears on its stderr."""
     httpx = pytest.importorskip("httpx")
     pytest.importorskip("uvicorn")
-    command = [sys.executable, "-c", _RUN_STREAMVAE, "serve", "--port", "0"]
+    command = streamvae_command("serve", "--port", "0")
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines: queue.Queue[str] = queue.Queue()
 

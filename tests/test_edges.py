@@ -10,9 +10,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from streamvae.cli import build_parser, main
 from streamvae.demo import demo_latent
 from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.server import Interactions, RealtimePiece, create_app, realtime_video_endpoint
+from tests._cli import check_signal_mid_decode
 from tests._media import DETERMINISTIC_X264, read_mp4
 from tests._server import EventLog, get_once
 from tests._websocket import Client, Pieces, check_pieces, connect
@@ -226,6 +224,8 @@ class _BuggyChecker:
 async def test_a_check_interaction_bug_answers_the_interaction_then_fails_the_session(
     vae: Any, no_leaks: None, error: Exception, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # A RuntimeError is also what a closed socket's send raises: the session must not take the generator's
+    # bug for a client that left (counted "disconnected", nothing said), but end failed and say so.
     gate, events = anyio.Event(), EventLog()
     app = create_app(vae=vae, generator=_BuggyChecker(error, gate), on_event=events, session_options=PINNED)
     async with connect(app) as client:
@@ -348,49 +348,19 @@ def test_the_largest_demo_seed_is_taken() -> None:
     assert args.seed == 2**64 - 1
 
 
-# Runs the command as ``python -m streamvae`` would, with Ctrl-C's handler as the parent left it: Python's
-# own, or ignored (a background job's, which SIGTERM must not need).
-_RUN_STREAMVAE = """
-import runpy, signal, sys
-ignore, *argv = sys.argv[1:]
-signal.signal(signal.SIGINT, signal.SIG_IGN if ignore == "1" else signal.default_int_handler)
-sys.argv = ["streamvae", *argv]
-runpy.run_module("streamvae", run_name="__main__")
-"""
-
-
 # Each backend once, and each SIGINT setting once (a run is a fresh interpreter: ~10 s on 2 cores).
 @pytest.mark.parametrize(("backend", "sigint"), [("asyncio", "default"), ("trio", "ignored")])
 def test_sigterm_while_decoding_is_one_line_exit_143_and_leaves_the_earlier_file(
     backend: str, sigint: str, tmp_path: Path
 ) -> None:
-    output = tmp_path / "x.mp4"
-    output.write_bytes(b"an earlier render")
-    part = tmp_path / "x.mp4.part"
-    # A decode of minutes: terminated once its first fragment is on disk, long before it ends.
-    command = [sys.executable, "-c", _RUN_STREAMVAE, "1" if sigint == "ignored" else "0", "demo"]
-    command += ["-o", str(output), "--frames", "257", "--size", "256", "--backend", backend, "-q"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300  # a hang guard only
-        # The child's only sign of progress is its file: poll for it (there is nothing to wait on).
-        while not (part.exists() and part.stat().st_size > 0):
-            assert process.poll() is None, process.communicate(timeout=60)
-            assert time.monotonic() < deadline, "the decode never wrote its first fragment"
-            time.sleep(0.02)
-        process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(timeout=60)
-        for pipe in (process.stdout, process.stderr):
-            assert pipe is not None
-            pipe.close()
-    assert process.returncode == 143, err[-4000:]
-    assert err == "streamvae: terminated\n" and out == ""
-    assert os.listdir(tmp_path) == ["x.mp4"]  # no .part left
-    assert output.read_bytes() == b"an earlier render"
+    check_signal_mid_decode(
+        tmp_path,
+        backend,
+        signal.SIGTERM,
+        status=143,
+        said="streamvae: terminated\n",
+        sigint_ignored=sigint == "ignored",
+    )
 
 
 # -- the docs a newcomer reads first --

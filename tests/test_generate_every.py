@@ -5,14 +5,11 @@ instead of truncating."""
 
 from __future__ import annotations
 
-import functools
-import io
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import anyio
-import av
 import numpy as np
 import pytest
 import torch
@@ -21,52 +18,29 @@ from streamvae import read_entries
 from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.pipelines._capture import ClipKeeper, ClipSink
 from streamvae.pipelines._plans import Clips, PipelinePlan, find_plan, plans
-from tests._media import bt709_luma, read_luma, read_mp4
+from tests._generate import (
+    HANG_GUARD,
+    LOSSLESS,
+    FirstBytesBeforeTheLastStep,
+    assert_frames,
+    assert_sound,
+    cancelled_when,
+    reference,
+    reference_of,
+    steps_per_clip,
+    streamed_parts,
+)
+from tests._media import read_mp4
 from tests.pipelines import BUILDERS, CORE
 
 pytestmark = pytest.mark.anyio
 
-LOSSLESS = {"video_codec_options": {"threads": "1", "crf": "0"}}  # lossless luma, deterministic
 NEW = {name: builder for name, builder in BUILDERS.items() if name not in CORE}  # CORE: test_generate.py
 #: builders of pipelines streamvae refuses (test_a_refused_pipeline_... says why)
 REFUSED = {
     "easyanimate_control": "diffusers 0.42.1 cannot run it",
     "ltx2_hdr": "linear HDR light",
 }
-HANG_GUARD = 300  # seconds: a generous bound on a tiny pipeline's call, so a hang fails instead of waiting
-
-
-@functools.cache
-def reference_of(name: str) -> tuple[np.ndarray, Any]:
-    """:func:`reference` of builder ``name``'s default call, once per process (asyncio's test and trio's
-    share it: the call is seeded, so it gives the same frames every time)."""
-    pipe, make_kwargs = NEW[name]()
-    return reference(pipe, make_kwargs())
-
-
-def reference(pipe: Any, kwargs: dict[str, Any]) -> tuple[np.ndarray, Any]:
-    """``pipe(**kwargs, output_type="np")``'s frames ``[B, F, H, W, 3]`` and its output (for its sound)."""
-    plan = find_plan(pipe, kwargs, owner="test")
-    if plan.modular:
-        output = pipe(**kwargs, output_type="np", output=list(plan.outputs))
-        videos = np.asarray(output[plan.outputs[0]])
-        return (videos[None] if videos.ndim == 4 else videos), output  # Cosmos 3's: one, no batch axis
-    output = pipe(**kwargs, output_type="np")
-    if "images" in output:  # an image pipeline (Cosmos 2 text to image): each image a one-frame video
-        return np.asarray(output.images)[:, None], output
-    if "video" in output:  # Cosmos 3: one video a call, without a batch axis
-        return np.asarray(output.video)[None], output
-    frames = np.asarray(output.frames)
-    # SanaWMPipeline returns its one video's frames [F, H, W, 3], without the batch axis
-    return (frames[None] if frames.ndim == 4 else frames), output
-
-
-def assert_frames(video: bytes, frames: np.ndarray) -> None:
-    """The MP4's luma is that of the reference frames (``[F, H, W, 3]`` in [0, 1]) within a level."""
-    luma = read_luma(video).astype(int)
-    expected = bt709_luma(np.round(frames * 255).astype(np.uint8)).astype(int)
-    assert luma.shape == expected.shape
-    assert abs(luma - expected).max() <= 1
 
 
 @pytest.mark.parametrize("name", sorted(set(NEW) - set(REFUSED)))
@@ -85,19 +59,6 @@ async def test_every_frame_and_the_sound_of_the_pipeline_in_one_call(name: str) 
             continue
         waveforms, _ = plan.sound.read(output, pipe)
         assert_sound(video, torch.as_tensor(waveforms[entry]).float().numpy())
-
-
-def assert_sound(video: bytes, waveform: np.ndarray) -> None:
-    """The MP4's audio track is ``waveform`` (``[channels, samples]``): as many channels, as long as the
-    video (the session pads it with silence or trims it to the video), and the waveform's energy (AAC is
-    lossy and delays the signal, so the energy of the whole track is what is compared)."""
-    decoded = read_mp4(video)
-    assert decoded.audio_channels == waveform.shape[0] and decoded.audio_duration is not None
-    assert abs(decoded.audio_duration - decoded.video_duration) < 0.1
-    with av.open(io.BytesIO(video)) as container:
-        samples = np.concatenate([f.to_ndarray() for f in container.decode(audio=0)], axis=-1)
-    energy, expected = float(np.square(samples).sum()), float(np.square(waveform).sum())
-    assert expected > 0 and 0.5 < energy / expected < 2
 
 
 #: builders of pipelines that decode clip by clip (checked against their plans below)
@@ -122,66 +83,18 @@ def test_the_clip_builders_are_those_whose_pipeline_decodes_clip_by_clip() -> No
         assert (find_plan(pipe, make_kwargs(), owner="test").clips is not None) == (name in CLIPS), name
 
 
-class FirstBytesBeforeTheLastStep:
-    """A ``callback_on_step_end`` that, at the first step of a later clip, waits until the reader has had
-    bytes: a pipeline whose bytes only left at its end would never get past it (the wait has a bound)."""
-
-    def __init__(self, steps_per_clip: int) -> None:
-        self.steps_per_clip = steps_per_clip
-        self.calls = 0
-        self.first_bytes = threading.Event()
-        self.waited_at: int | None = None
-
-    def __call__(
-        self, pipe: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]
-    ) -> dict[str, Any]:
-        self.calls += 1
-        if self.calls == self.steps_per_clip + 1:  # the first step of the second clip
-            assert self.first_bytes.wait(timeout=HANG_GUARD), "no bytes before the second clip's steps"
-            self.waited_at = self.calls
-        return {}
-
-
 @pytest.mark.parametrize("name", STREAMED_WHILE_DENOISING)
 async def test_stream_generation_sends_a_clip_while_the_pipeline_generates_the_next(name: str) -> None:
     pipe, make_kwargs = NEW[name]()
     frames, _ = reference_of(name)
-    steps_per_clip = _steps_per_clip(pipe, make_kwargs())
-    gate = FirstBytesBeforeTheLastStep(steps_per_clip)
-    parts: list[bytes] = []
-    with anyio.fail_after(HANG_GUARD):
-        kwargs = {**make_kwargs(), "callback_on_step_end": gate}
-        async with stream_generation(pipe, fps=8, session_options=LOSSLESS, **kwargs) as streams:
-            assert len(streams) == 1
-            async for _, data in read_entries(streams):
-                parts.append(data)
-                gate.first_bytes.set()
+    steps = steps_per_clip(pipe, make_kwargs())
+    gate = FirstBytesBeforeTheLastStep(steps)
+    parts = await streamed_parts(
+        pipe, {**make_kwargs(), "callback_on_step_end": gate}, on_part=gate.first_bytes.set
+    )
     assert gate.waited_at is not None  # a later clip's steps ran after the first bytes left
-    assert gate.calls > steps_per_clip  # and the user's callback ran at every step
+    assert gate.calls > steps  # and the user's callback ran at every step
     assert_frames(b"".join(parts), frames[0])
-
-
-def _steps_per_clip(pipe: Any, kwargs: dict[str, Any]) -> int:
-    """How many times ``callback_on_step_end`` runs before the pipeline's first ``vae.decode``."""
-    steps: list[int] = []
-    at_decode: list[int] = []
-    original = pipe.vae.decode
-
-    def count(pipe_: Any, step: int, timestep: Any, callback_kwargs: dict[str, Any]) -> dict[str, Any]:
-        steps.append(step)
-        return {}
-
-    def decode(*args: Any, **kw: Any) -> Any:
-        at_decode.append(len(steps))
-        return original(*args, **kw)
-
-    pipe.vae.decode = decode
-    try:
-        pipe(**{**kwargs, "callback_on_step_end": count}, output_type="np")
-    finally:
-        del pipe.vae.decode
-    assert len(at_decode) >= 2 and at_decode[0] < len(steps)
-    return at_decode[0]
 
 
 @pytest.mark.parametrize("name", ["ltx2", "minimax_h3_modular", "allegro"])
@@ -190,11 +103,7 @@ async def test_stream_generation_of_a_pipeline_that_decodes_once_streams_its_fra
 ) -> None:
     pipe, make_kwargs = NEW[name]()
     frames, output = reference_of(name)
-    parts: list[bytes] = []
-    with anyio.fail_after(HANG_GUARD):
-        async with stream_generation(pipe, fps=8, session_options=LOSSLESS, **make_kwargs()) as streams:
-            async for _, data in read_entries(streams):
-                parts.append(data)
+    parts = await streamed_parts(pipe, make_kwargs())
     video = b"".join(parts)
     assert len(parts) > 1  # fragmented: bytes left in pieces
     assert_frames(video, frames[0])
@@ -394,20 +303,7 @@ async def test_a_pipeline_without_a_step_callback_is_stopped_at_its_next_model_f
             anyio.from_thread.run_sync(first.set)
 
     hook = pipe.transformer.register_forward_pre_hook(on_forward)
-    scope = anyio.CancelScope()
-    try:
-        with anyio.fail_after(HANG_GUARD):
-            async with anyio.create_task_group() as tg:
-
-                async def generate() -> None:
-                    with scope:
-                        await generate_mp4(pipe, fps=8, **{**make_kwargs(), "num_inference_steps": 30})
-
-                tg.start_soon(generate)
-                await first.wait()
-                scope.cancel()
-    finally:
-        hook.remove()
+    scope = await cancelled_when(pipe, {**make_kwargs(), "num_inference_steps": 30}, first, [hook])
     assert scope.cancelled_caught
     assert len(forwards) <= 3  # not the 30 steps' forwards: stopped before the next one
     assert "decode" not in vars(pipe.vae)

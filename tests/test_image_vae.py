@@ -25,7 +25,7 @@ from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.pipelines._capture import ClipSink
 from streamvae.pipelines._frames import run_frame_batches
 from streamvae.pipelines._plans import find_plan
-from tests._adapters import conforms
+from tests._adapters import check_decode_chunk_size_passed_on, conforms
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests.pipelines import BUILDERS
 from tests.pipelines._shared import randn
@@ -115,12 +115,7 @@ def test_use_tiling_tiles_each_image_as_vae_decode_does() -> None:
 
 
 def test_chunked_decoder_takes_an_autoencoder_kl() -> None:
-    vae = tiny_autoencoder_kl()
-    adapter = chunked_decoder(vae, decode_chunk_size=2)
-    assert type(adapter) is ImageVAEChunkedDecoder and adapter.vae is vae
-    assert (adapter.decode_chunk_size, adapter.latent_channels, adapter.chunk_value_range) == (2, 4, (-1, 1))
-    with pytest.raises(TypeError, match="cannot decode latents in pieces .*AutoencoderKLWan"):
-        adapter.start(1, 4, 4)
+    check_decode_chunk_size_passed_on(tiny_autoencoder_kl(), ImageVAEChunkedDecoder, 2, 4, 4)
 
 
 @pytest.mark.parametrize("decode_chunk_size", [0, -1, 1.5, "2", True, None])

@@ -16,9 +16,8 @@ import torch
 from diffusers.models.autoencoders.autoencoder_kl_temporal_decoder import AutoencoderKLTemporalDecoder
 from torch import Tensor
 
-from streamvae.models import chunked_decoder
 from streamvae.models.stable_video import StableVideoChunkedDecoder
-from tests._adapters import conforms
+from tests._adapters import check_decode_chunk_size_passed_on, conforms
 from tests._vaes import tiny_stable_video as tiny_vae
 
 
@@ -137,12 +136,7 @@ def test_vae_decode_is_unchanged_after_a_decode() -> None:
 
 
 def test_registry_returns_the_adapter_with_its_chunk_size() -> None:
-    vae = tiny_vae()
-    adapter = chunked_decoder(vae, decode_chunk_size=3)
-    assert type(adapter) is StableVideoChunkedDecoder and adapter.vae is vae
-    assert (adapter.decode_chunk_size, adapter.latent_channels, adapter.chunk_value_range) == (3, 4, (-1, 1))
-    with pytest.raises(TypeError, match="cannot decode latents in pieces .*AutoencoderKLWan"):
-        adapter.start(1, 2, 2)
+    check_decode_chunk_size_passed_on(tiny_vae(), StableVideoChunkedDecoder, 3, 2, 2)
 
 
 @pytest.mark.parametrize(("batch", "decode_chunk_size"), [(1, 4), (2, 4)])

@@ -21,15 +21,15 @@ from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.pipelines._capture import ClipSink
 from streamvae.pipelines._plans import Joined, PipelinePlan, plans
 from streamvae.pipelines._transforms import Framed, _BlendKeeper
-from tests.pipelines import BUILDERS
-from tests.test_generate_every import (
+from tests._generate import (
     HANG_GUARD,
     LOSSLESS,
     FirstBytesBeforeTheLastStep,
-    _steps_per_clip,
     assert_frames,
     reference,
+    steps_per_clip,
 )
+from tests.pipelines import BUILDERS
 
 pytestmark = pytest.mark.anyio
 
@@ -208,7 +208,7 @@ def _section(keeper: _BlendKeeper, section: torch.Tensor) -> None:
 async def test_framepack_vanilla_streams_its_first_section_while_the_pipeline_generates_the_next() -> None:
     pipe, make_kwargs = BUILDERS["framepack_vanilla"]()
     frames, _ = reference(pipe, make_kwargs())
-    gate = FirstBytesBeforeTheLastStep(_steps_per_clip(pipe, make_kwargs()))
+    gate = FirstBytesBeforeTheLastStep(steps_per_clip(pipe, make_kwargs()))
     parts: list[bytes] = []
     with anyio.fail_after(HANG_GUARD):
         kwargs = {**make_kwargs(), "callback_on_step_end": gate}

@@ -24,14 +24,12 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 import streamvae
 from streamvae import ChunkedVideoMP4Session, Provenance, SigningError, decode_to_mp4
-from tests._c2pa import SigningChain, make_chain, read_manifest
+from tests._c2pa import GENERATED, XMP_UUID, SigningChain, make_chain, read_manifest
 from tests._media import count_frames, wan_like_chunks, written_pieces
 from tests._vaes import latent, tiny_wan21
 
 pytestmark = pytest.mark.anyio
 
-GENERATED = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
-XMP_UUID = bytes.fromhex("BE7ACFCB97A942E89C71999491E3AFAC")
 SIZE = {"height": 32, "width": 48}
 FRAMES = 9  # wan_like_chunks(3): 1 + 4 * 2
 
@@ -43,7 +41,7 @@ def chain() -> SigningChain:
 
 @pytest.fixture(scope="module")
 def provenance(chain: SigningChain) -> Provenance:
-    return Provenance(certificate_chain=chain.certificate_chain, private_key=chain.private_key)
+    return chain.provenance()
 
 
 def created_actions(manifest: dict[str, Any]) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ replay is the recording signed, and the bytes as streamed verify against a detac
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,8 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from streamvae import Provenance
 from streamvae.server import create_app
-from tests._c2pa import SigningChain, make_chain, read_manifest
+from tests._c2pa import GENERATED, XMP_UUID, SigningChain, make_chain, read_manifest
 from tests._media import count_frames
 from tests._websocket import HANG, connect
 
@@ -23,18 +21,11 @@ pytestmark = pytest.mark.anyio
 
 FRAMES = 17
 SIZE = 32
-XMP_UUID = bytes.fromhex("BE7ACFCB97A942E89C71999491E3AFAC")
-GENERATED = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
 
 
 @pytest.fixture(scope="module")
 def chain() -> SigningChain:
     return make_chain()
-
-
-@pytest.fixture(scope="module")
-def provenance(chain: SigningChain) -> Provenance:
-    return Provenance(certificate_chain=chain.certificate_chain, private_key=chain.private_key)
 
 
 def client_of(app: Starlette) -> httpx.AsyncClient:
@@ -43,12 +34,7 @@ def client_of(app: Starlette) -> httpx.AsyncClient:
 
 def detached_state(data: bytes, manifest: bytes, chain: SigningChain) -> str:
     """The validation state of ``data`` against its detached manifest, the tests' CA trusted."""
-    context = c2pa.Context.from_dict({"trust": {"trust_anchors": chain.ca.decode()}})
-    reader = c2pa.Reader("video/mp4", io.BytesIO(data), manifest, context=context)
-    try:
-        return str(json.loads(reader.json())["validation_state"])
-    finally:
-        reader.close()
+    return str(read_manifest(data, trust=chain.ca, detached=manifest)["validation_state"])
 
 
 def created(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -63,9 +49,9 @@ def init_segment(data: bytes) -> bytes:
 
 
 async def test_a_video_mp4_stream_is_marked_and_its_replay_signed(
-    provenance: Provenance, chain: SigningChain, tmp_path: Path
+    chain: SigningChain, tmp_path: Path
 ) -> None:
-    app = create_app(session_options={"provenance": provenance}, recording_dir=tmp_path)
+    app = create_app(session_options={"provenance": chain.provenance()}, recording_dir=tmp_path)
     async with client_of(app) as http:
         owner = await http.get(f"/video.mp4?frames={FRAMES}&size={SIZE}")
         assert owner.status_code == 200
@@ -92,10 +78,8 @@ async def test_a_video_mp4_stream_is_marked_and_its_replay_signed(
     assert XMP_UUID in (tmp_path / video_id / "init.mp4").read_bytes()
 
 
-async def test_session_done_says_where_the_credentials_are(
-    provenance: Provenance, chain: SigningChain
-) -> None:
-    app = create_app(session_options={"provenance": provenance})
+async def test_session_done_says_where_the_credentials_are(chain: SigningChain) -> None:
+    app = create_app(session_options={"provenance": chain.provenance()})
     async with connect(app) as owner:
         await owner.send_json({"type": "session.start", "format": "m4s"})
         start = await owner.receive_json()

@@ -2,7 +2,9 @@
 
 - :func:`builder` registers a builder in the index (:data:`BUILDERS`, :data:`EXPECTED`, :data:`AUDIO`,
   :data:`CORE`) with its output shapes, written beside it, and caches it: built once per process.
-- :func:`seeded` and :func:`pipeline` make the same random weights and the same pipe every build.
+- :func:`seeded` and :func:`pipeline` make the same random weights and the same pipe every build;
+  :func:`unet_config`, the config of a diffusers test UNet; :func:`word_tokenizer`, the tokenizer of a
+  pipeline that tokenizes its prompt itself.
 - :func:`call_kwargs` and :func:`video_kwargs` make ``make_kwargs``: a fresh generator and fresh tensors
   every call, then the caller's overrides, then what the pipeline makes of them (``finish``).
 """
@@ -12,13 +14,17 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import PIL.Image
 import torch
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from tokenizers.pre_tokenizers import Whitespace
+from transformers import PreTrainedTokenizerFast
 
 #: ``make_kwargs(**overrides)``: one call's keyword arguments, with a fresh seeded generator.
 MakeKwargs = Callable[..., dict[str, Any]]
@@ -109,6 +115,38 @@ def seeded(model_class: Callable[..., _T], config: Mapping[str, Any], seed: int 
     build."""
     torch.manual_seed(seed)
     return model_class(**config)
+
+
+def word_tokenizer(words: Sequence[str], *, split: bool = True, **special: Any) -> PreTrainedTokenizerFast:
+    """A tokenizer of a few ``words`` made in memory (no hub download): each word one token, its index in
+    ``words``; any other word ``[UNK]`` (one of ``words``). With ``split`` the text is split on whitespace
+    first; without it, the whole text is one word (``[UNK]`` unless it is one of ``words``). ``special`` goes
+    to ``PreTrainedTokenizerFast`` (``pad_token``, ``eos_token``, ``padding_side``...)."""
+    vocabulary = Tokenizer(WordLevel({word: index for index, word in enumerate(words)}, unk_token="[UNK]"))
+    if split:
+        vocabulary.pre_tokenizer = Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=vocabulary, unk_token="[UNK]", **special)
+
+
+def unet_config(
+    block_out_channels: tuple[int, ...],
+    down_block_types: tuple[str, ...],
+    up_block_types: tuple[str, ...],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The config of one of diffusers' test UNets (2-D, 3-D, spatio-temporal): its blocks, then what they
+    all have, 4 latent channels in and out, sample size 32 and 2 layers a block, unless ``extra`` says
+    otherwise, then the rest of ``extra``."""
+    return {
+        "block_out_channels": block_out_channels,
+        "layers_per_block": 2,
+        "sample_size": 32,
+        "in_channels": 4,
+        "out_channels": 4,
+        "down_block_types": down_block_types,
+        "up_block_types": up_block_types,
+        **extra,
+    }
 
 
 def eval_mode(pipe: Pipeline) -> Pipeline:

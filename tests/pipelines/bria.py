@@ -18,13 +18,20 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
 )
 from diffusers.models.transformers.transformer_bria_fibo import BriaFiboTransformer2DModel
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 from transformers.models.smollm3.modeling_smollm3 import SmolLM3Config, SmolLM3ForCausalLM
 
 from streamvae.testing import TINY_VAE_CONFIGS
-from tests.pipelines._shared import MakeKwargs, Pipeline, builder, call_kwargs, eval_mode, noise_image, seeded
+from tests.pipelines._shared import (
+    MakeKwargs,
+    Pipeline,
+    builder,
+    call_kwargs,
+    eval_mode,
+    noise_image,
+    seeded,
+    word_tokenizer,
+)
 
 _BRIA_SIZE = 32
 #: diffusers' tiny Bria Fibo transformer (tests/pipelines/bria_fibo): text width 32, two layers of it joined
@@ -51,10 +58,10 @@ _SMOLLM3: dict[str, Any] = {
 
 
 def _tokenizer() -> PreTrainedTokenizerFast:
-    """A tokenizer of a few words (the rest ``[UNK]``), made in memory: no hub download."""
+    """A tokenizer of a few words (the rest ``[UNK]``), made in memory: no hub download. It does not split
+    on whitespace: a prompt of several words is one ``[UNK]``."""
     words = ["[UNK]", "[PAD]", "a", "squirrel", "eating", "burger", "painting", "of", "bad", "ugly"]
-    vocabulary = Tokenizer(WordLevel({word: index for index, word in enumerate(words)}, unk_token="[UNK]"))
-    return PreTrainedTokenizerFast(tokenizer_object=vocabulary, pad_token="[PAD]", unk_token="[UNK]")
+    return word_tokenizer(words, split=False, pad_token="[PAD]")
 
 
 def _bria_vae() -> AutoencoderKLWan:

@@ -45,9 +45,6 @@ from diffusers import (
     FlowMatchEulerDiscreteScheduler,
     UniPCMultistepScheduler,
 )
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast
 
 from tests._vaes import tiny_cosmos, tiny_wan21
@@ -61,6 +58,7 @@ from tests.pipelines._shared import (
     prompt_pair,
     seeded,
     video_kwargs,
+    word_tokenizer,
 )
 from tests.pipelines.modular import _modular
 from tests.pipelines.wan import flow_unipc
@@ -82,23 +80,29 @@ class FramesAsTheyAre:
 
 
 _COSMOS_TEXT_DIM = 32
-#: diffusers' tiny Cosmos 1 transformer (tests/pipelines/cosmos), its latents tiny_cosmos's 4 channels, less
-#: ``concat_padding_mask``: that resizes the (all-zero) padding mask with torchvision, which PyPI has only as
-#: a CUDA build that does not import beside a CPU torch; without it the transformer reads no padding mask.
-_COSMOS1_TRANSFORMER: dict[str, Any] = {
-    "in_channels": 4,
-    "out_channels": 4,
+#: The blocks of diffusers' tiny Cosmos transformer (tests/pipelines/cosmos), which its Cosmos 2.5 Transfer
+#: ControlNet shares: the ControlNet's block outputs are added to the transformer's hidden states, so its
+#: blocks (width 2 × 16 = 32), patches, RoPE and text width are the transformer's.
+_COSMOS_BLOCKS: dict[str, Any] = {
     "num_attention_heads": 2,
     "attention_head_dim": 16,
-    "num_layers": 2,
     "mlp_ratio": 2,
     "text_embed_dim": _COSMOS_TEXT_DIM,
     "adaln_lora_dim": 4,
     "max_size": (4, 32, 32),
     "patch_size": (1, 2, 2),
     "rope_scale": (2.0, 1.0, 1.0),
-    "concat_padding_mask": False,
     "extra_pos_embed_type": "learnable",
+}
+#: diffusers' tiny Cosmos 1 transformer (tests/pipelines/cosmos), its latents tiny_cosmos's 4 channels, less
+#: ``concat_padding_mask``: that resizes the (all-zero) padding mask with torchvision, which PyPI has only as
+#: a CUDA build that does not import beside a CPU torch; without it the transformer reads no padding mask.
+_COSMOS1_TRANSFORMER: dict[str, Any] = {
+    "in_channels": 4,
+    "out_channels": 4,
+    "num_layers": 2,
+    "concat_padding_mask": False,
+    **_COSMOS_BLOCKS,
 }
 
 
@@ -216,17 +220,9 @@ _COSMOS2_5_CONTROLNET: dict[str, Any] = {
     "n_controlnet_blocks": 2,
     "in_channels": 16 + 1 + 1,
     "latent_channels": 16 + 1 + 1,
-    "model_channels": 32,
-    "num_attention_heads": 2,
-    "attention_head_dim": 16,
-    "mlp_ratio": 2,
-    "text_embed_dim": _COSMOS_TEXT_DIM,
-    "adaln_lora_dim": 4,
-    "patch_size": (1, 2, 2),
-    "max_size": (4, 32, 32),
-    "rope_scale": (2.0, 1.0, 1.0),
-    "extra_pos_embed_type": "learnable",
+    "model_channels": _COSMOS_BLOCKS["num_attention_heads"] * _COSMOS_BLOCKS["attention_head_dim"],
     "use_crossattn_projection": False,
+    **_COSMOS_BLOCKS,
 }
 
 
@@ -311,11 +307,8 @@ def _cosmos3_tokenizer() -> PreTrainedTokenizerFast:
     """A tokenizer of a few words made in memory (no hub download), with what the pipelines read of
     Qwen's: ``<|vision_start|>`` (the start of generation), an end-of-text token and a chat template."""
     words = ["[UNK]", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|endoftext|>", "a", "dog", "bad"]
-    vocabulary = Tokenizer(WordLevel({word: index for index, word in enumerate(words)}, unk_token="[UNK]"))
-    vocabulary.pre_tokenizer = Whitespace()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=vocabulary,
-        unk_token="[UNK]",
+    tokenizer = word_tokenizer(
+        words,
         eos_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>", "<|im_end|>", "<|vision_start|>"],
     )

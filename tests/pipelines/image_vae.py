@@ -37,13 +37,15 @@ from transformers import CLIPImageProcessorPil, CLIPVisionConfig, CLIPVisionMode
 from tests.pipelines._shared import (
     MakeKwargs,
     Pipeline,
+    Prompt,
     builder,
-    call_kwargs,
     noise_frames,
     pipeline,
     prompt_pair,
     randn,
     seeded,
+    unet_config,
+    video_kwargs,
 )
 
 SIZE, FRAMES = 16, 4
@@ -54,40 +56,35 @@ _FRAMES = (1, FRAMES, SIZE, SIZE, 3)
 _LATENTS_2X = (1, 4, FRAMES, SIZE // 2, SIZE // 2)
 _LATENTS_1X = (1, 4, FRAMES, SIZE, SIZE)
 
+
+def _autoencoder_kl(*widths: int, **extra: Any) -> dict[str, Any]:
+    """The config of diffusers' test ``AutoencoderKL``: one encoder and decoder block a width, RGB in and
+    out, 4 latent channels (2× smaller in space for each block past the first), then ``extra``."""
+    return {
+        "block_out_channels": widths,
+        "in_channels": 3,
+        "out_channels": 3,
+        "down_block_types": ("DownEncoderBlock2D",) * len(widths),
+        "up_block_types": ("UpDecoderBlock2D",) * len(widths),
+        "latent_channels": 4,
+        **extra,
+    }
+
+
 #: diffusers' AnimateDiff / PIA VAE (two blocks, 2× in space).
-_VAE_32_64: dict[str, Any] = {
-    "block_out_channels": (32, 64),
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ("DownEncoderBlock2D", "DownEncoderBlock2D"),
-    "up_block_types": ("UpDecoderBlock2D", "UpDecoderBlock2D"),
-    "latent_channels": 4,
-}
+_VAE_32_64 = _autoencoder_kl(32, 64)
 #: diffusers' AnimateDiff ControlNet / SparseCtrl / PAG VAE (two blocks of 8, 2× in space).
-_VAE_8_8: dict[str, Any] = {**_VAE_32_64, "block_out_channels": (8, 8), "norm_num_groups": 2}
+_VAE_8_8 = _autoencoder_kl(8, 8, norm_num_groups=2)
 #: diffusers' text-to-video SD / I2VGenXL VAE (one block, 1× in space).
-_VAE_8: dict[str, Any] = {
-    "block_out_channels": (8,),
-    "in_channels": 3,
-    "out_channels": 3,
-    "down_block_types": ("DownEncoderBlock2D",),
-    "up_block_types": ("UpDecoderBlock2D",),
-    "latent_channels": 4,
-    "sample_size": 32,
-    "norm_num_groups": 2,
-}
+_VAE_8 = _autoencoder_kl(8, sample_size=32, norm_num_groups=2)
 #: diffusers' AnimateDiff / PIA UNet and motion adapter (cross attention 32).
-_UNET_32_64: dict[str, Any] = {
-    "block_out_channels": (32, 64),
-    "layers_per_block": 2,
-    "sample_size": 32,
-    "in_channels": 4,
-    "out_channels": 4,
-    "down_block_types": ("CrossAttnDownBlock2D", "DownBlock2D"),
-    "up_block_types": ("CrossAttnUpBlock2D", "UpBlock2D"),
-    "cross_attention_dim": 32,
-    "norm_num_groups": 2,
-}
+_UNET_32_64 = unet_config(
+    (32, 64),
+    ("CrossAttnDownBlock2D", "DownBlock2D"),
+    ("CrossAttnUpBlock2D", "UpBlock2D"),
+    cross_attention_dim=32,
+    norm_num_groups=2,
+)
 _MOTION: dict[str, Any] = {
     "motion_layers_per_block": 2,
     "motion_norm_num_groups": 2,
@@ -100,37 +97,40 @@ _UNET_8_8: dict[str, Any] = {
     "sample_size": 8,
     "cross_attention_dim": 8,
 }
-#: diffusers' AnimateDiff SDXL UNet (three blocks, text-time embedding of 6 × 8 + 32).
-_UNET_SDXL: dict[str, Any] = {
-    "block_out_channels": (32, 64, 128),
-    "layers_per_block": 2,
-    "sample_size": 32,
-    "in_channels": 4,
-    "out_channels": 4,
-    "down_block_types": ("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
-    "up_block_types": ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
-    "attention_head_dim": (2, 4, 8),
-    "use_linear_projection": True,
-    "addition_embed_type": "text_time",
-    "addition_time_embed_dim": 8,
-    "transformer_layers_per_block": (1, 2, 4),
-    "projection_class_embeddings_input_dim": 80,
-    "cross_attention_dim": 64,
+#: diffusers' AnimateDiff ControlNet / SparseCtrl ControlNet: :data:`_UNET_8_8`'s blocks, whose outputs it
+#: adds to, over a conditioning embedding of 8 and 8 channels; each adds its own down blocks.
+_CONTROLNET_8_8: dict[str, Any] = {
+    "block_out_channels": _UNET_8_8["block_out_channels"],
+    "layers_per_block": _UNET_8_8["layers_per_block"],
+    "in_channels": _UNET_8_8["in_channels"],
+    "cross_attention_dim": _UNET_8_8["cross_attention_dim"],
+    "conditioning_embedding_out_channels": (8, 8),
     "norm_num_groups": 1,
 }
+#: diffusers' AnimateDiff SDXL UNet (three blocks, text-time embedding of 6 × 8 + 32).
+_UNET_SDXL = unet_config(
+    (32, 64, 128),
+    ("DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"),
+    ("CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"),
+    attention_head_dim=(2, 4, 8),
+    use_linear_projection=True,
+    addition_embed_type="text_time",
+    addition_time_embed_dim=8,
+    transformer_layers_per_block=(1, 2, 4),
+    projection_class_embeddings_input_dim=80,
+    cross_attention_dim=64,
+    norm_num_groups=1,
+)
 #: diffusers' text-to-video SD / I2VGenXL 3-D UNet (cross attention 4).
-_UNET_3D: dict[str, Any] = {
-    "block_out_channels": (4, 8),
-    "layers_per_block": 1,
-    "sample_size": 32,
-    "in_channels": 4,
-    "out_channels": 4,
-    "down_block_types": ("CrossAttnDownBlock3D", "DownBlock3D"),
-    "up_block_types": ("UpBlock3D", "CrossAttnUpBlock3D"),
-    "cross_attention_dim": 4,
-    "attention_head_dim": 4,
-    "norm_num_groups": 2,
-}
+_UNET_3D = unet_config(
+    (4, 8),
+    ("CrossAttnDownBlock3D", "DownBlock3D"),
+    ("UpBlock3D", "CrossAttnUpBlock3D"),
+    layers_per_block=1,
+    cross_attention_dim=4,
+    attention_head_dim=4,
+    norm_num_groups=2,
+)
 #: the schedulers of diffusers' tests: AnimateDiff's and PIA's; text-to-video SD's and I2VGenXL's
 _DDIM_LINEAR: dict[str, Any] = {
     "beta_start": 0.00085,
@@ -159,6 +159,12 @@ def _animatediff_parts(unet: dict[str, Any], vae: dict[str, Any], **motion: Any)
     }
 
 
+def _video_kwargs(embeddings: Prompt, guidance_scale: float, **fixed: Any) -> MakeKwargs:
+    """:func:`tests.pipelines._shared.video_kwargs` of every builder here: 16×16, 4 frames at
+    ``guidance_scale``, then ``fixed`` (``image=True``, ``finish``, the pipeline's own options)."""
+    return video_kwargs(SIZE, guidance_scale, embeddings, num_frames=FRAMES, **fixed)
+
+
 def _controlnet_frames(kwargs: dict[str, Any]) -> None:
     """A ControlNet call's conditioning: one seeded noise frame per video frame."""
     kwargs.setdefault("conditioning_frames", noise_frames(kwargs["num_frames"], SIZE, seed=3))
@@ -169,14 +175,7 @@ def animatediff() -> tuple[Pipeline, MakeKwargs]:
     """AnimateDiff text to video: SD's UNet with a motion adapter (a ``UNetMotionModel``), ``decode_latents``
     calling ``vae.decode`` on 3 frames, then 1. About 0.5 s a call on 2 CPU cores."""
     pipe = pipeline(AnimateDiffPipeline, **_animatediff_parts(_UNET_32_64, _VAE_32_64))
-    return pipe, call_kwargs(
-        prompt_pair(32),
-        height=SIZE,
-        width=SIZE,
-        num_frames=FRAMES,
-        guidance_scale=7.5,
-        decode_chunk_size=DECODE_CHUNK,
-    )
+    return pipe, _video_kwargs(prompt_pair(32), 7.5, decode_chunk_size=DECODE_CHUNK)
 
 
 @builder(frames=_FRAMES, latents=_LATENTS_2X)
@@ -184,15 +183,7 @@ def animatediff_pag() -> tuple[Pipeline, MakeKwargs]:
     """AnimateDiff with perturbed-attention guidance (``pag_scale`` 3 over classifier-free guidance): three
     branches a step; ``vae.decode`` on 3 frames, then 1."""
     pipe = pipeline(AnimateDiffPAGPipeline, **_animatediff_parts(_UNET_8_8, _VAE_8_8))
-    return pipe, call_kwargs(
-        prompt_pair(8),
-        height=SIZE,
-        width=SIZE,
-        num_frames=FRAMES,
-        guidance_scale=7.5,
-        pag_scale=3.0,
-        decode_chunk_size=DECODE_CHUNK,
-    )
+    return pipe, _video_kwargs(prompt_pair(8), 7.5, pag_scale=3.0, decode_chunk_size=DECODE_CHUNK)
 
 
 @builder(frames=_FRAMES, latents=_LATENTS_2X)
@@ -200,25 +191,9 @@ def animatediff_controlnet() -> tuple[Pipeline, MakeKwargs]:
     """AnimateDiff with a ControlNet on one noise conditioning frame per frame; ``vae.decode`` on 3 frames,
     then 1."""
     parts = _animatediff_parts(_UNET_8_8, _VAE_8_8)
-    controlnet = {
-        "block_out_channels": (8, 8),
-        "layers_per_block": 2,
-        "in_channels": 4,
-        "down_block_types": ("CrossAttnDownBlock2D", "DownBlock2D"),
-        "cross_attention_dim": 8,
-        "conditioning_embedding_out_channels": (8, 8),
-        "norm_num_groups": 1,
-    }
+    controlnet = {**_CONTROLNET_8_8, "down_block_types": ("CrossAttnDownBlock2D", "DownBlock2D")}
     pipe = pipeline(AnimateDiffControlNetPipeline, controlnet=seeded(ControlNetModel, controlnet), **parts)
-    return pipe, call_kwargs(
-        prompt_pair(8),
-        finish=_controlnet_frames,
-        height=SIZE,
-        width=SIZE,
-        num_frames=FRAMES,
-        guidance_scale=7.5,
-        decode_chunk_size=DECODE_CHUNK,
-    )
+    return pipe, _video_kwargs(prompt_pair(8), 7.5, finish=_controlnet_frames, decode_chunk_size=DECODE_CHUNK)
 
 
 @builder(frames=_FRAMES, latents=_LATENTS_2X)
@@ -227,14 +202,9 @@ def animatediff_sparse_controlnet() -> tuple[Pipeline, MakeKwargs]:
     frames at once."""
     parts = _animatediff_parts(_UNET_8_8, _VAE_8_8)
     controlnet = {
-        "block_out_channels": (8, 8),
-        "layers_per_block": 2,
-        "in_channels": 4,
+        **_CONTROLNET_8_8,
         "conditioning_channels": 3,
         "down_block_types": ("CrossAttnDownBlockMotion", "DownBlockMotion"),
-        "cross_attention_dim": 8,
-        "conditioning_embedding_out_channels": (8, 8),
-        "norm_num_groups": 1,
         "use_simplified_condition_embedding": False,
     }
     pipe = pipeline(
@@ -245,9 +215,7 @@ def animatediff_sparse_controlnet() -> tuple[Pipeline, MakeKwargs]:
         kwargs.setdefault("conditioning_frames", noise_frames(2, SIZE, seed=3))
         kwargs.setdefault("controlnet_frame_indices", [0, 2])
 
-    return pipe, call_kwargs(
-        prompt_pair(8), finish=sparse_frames, height=SIZE, width=SIZE, num_frames=FRAMES, guidance_scale=7.5
-    )
+    return pipe, _video_kwargs(prompt_pair(8), 7.5, finish=sparse_frames)
 
 
 @builder(frames=_FRAMES, latents=_LATENTS_2X)
@@ -264,7 +232,7 @@ def animatediff_sdxl() -> tuple[Pipeline, MakeKwargs]:
             "negative_pooled_prompt_embeds": randn(1, 32, seed=5),
         }
 
-    return pipe, call_kwargs(embeddings, height=SIZE, width=SIZE, num_frames=FRAMES, guidance_scale=7.5)
+    return pipe, _video_kwargs(embeddings, 7.5)
 
 
 @builder(frames=_FRAMES, latents=_LATENTS_2X)
@@ -272,9 +240,7 @@ def pia() -> tuple[Pipeline, MakeKwargs]:
     """PIA image to video: AnimateDiff's UNet and a motion adapter whose input takes the image's latent and
     mask (9 channels); ``vae.decode`` on all the frames at once."""
     pipe = pipeline(PIAPipeline, **_animatediff_parts(_UNET_32_64, _VAE_32_64, conv_in_channels=9))
-    return pipe, call_kwargs(
-        prompt_pair(32), image=SIZE, height=SIZE, width=SIZE, num_frames=FRAMES, guidance_scale=7.5
-    )
+    return pipe, _video_kwargs(prompt_pair(32), 7.5, image=True)
 
 
 @builder(frames=_FRAMES, latents=_LATENTS_1X)
@@ -286,7 +252,7 @@ def text_to_video_sd() -> tuple[Pipeline, MakeKwargs]:
         vae=seeded(AutoencoderKL, _VAE_8),
         scheduler=DDIMScheduler(**_DDIM_SCALED),
     )
-    return pipe, call_kwargs(prompt_pair(4), height=SIZE, width=SIZE, num_frames=FRAMES, guidance_scale=6.0)
+    return pipe, _video_kwargs(prompt_pair(4), 6.0)
 
 
 @builder(frames=_FRAMES, latents=_LATENTS_1X)
@@ -310,12 +276,4 @@ def i2vgen_xl() -> tuple[Pipeline, MakeKwargs]:
         image_encoder=seeded(CLIPVisionModelWithProjection, {"config": vision}),
         feature_extractor=CLIPImageProcessorPil(crop_size=32, size=32),
     )
-    return pipe, call_kwargs(
-        prompt_pair(4),
-        image=SIZE,
-        height=SIZE,
-        width=SIZE,
-        num_frames=FRAMES,
-        guidance_scale=6.0,
-        decode_chunk_size=DECODE_CHUNK,
-    )
+    return pipe, _video_kwargs(prompt_pair(4), 6.0, image=True, decode_chunk_size=DECODE_CHUNK)

@@ -30,9 +30,6 @@ from diffusers import (
     JoyImageEditTransformer3DModel,
 )
 from diffusers.pipelines.joyimage.image_processor import JoyImageEditImageProcessor
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
 from transformers import (
     PreTrainedTokenizerFast,
     Qwen3VLConfig,
@@ -53,6 +50,7 @@ from tests.pipelines._shared import (
     pipeline,
     randn,
     seeded,
+    word_tokenizer,
 )
 
 _JOY_SIZE = 16
@@ -146,14 +144,8 @@ def _qwen_tokenizer() -> PreTrainedTokenizerFast:
     """A tokenizer of a few words made in memory (no hub download), with Qwen's chat markers and vision
     tokens; every other word is ``[UNK]``."""
     words = ["[UNK]", "<|endoftext|>", *_QWEN_SPECIAL, "user", "assistant", "system", "combine", "images"]
-    vocabulary = Tokenizer(WordLevel({word: index for index, word in enumerate(words)}, unk_token="[UNK]"))
-    vocabulary.pre_tokenizer = Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=vocabulary,
-        unk_token="[UNK]",
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=_QWEN_SPECIAL,
+    return word_tokenizer(
+        words, eos_token="<|endoftext|>", pad_token="<|endoftext|>", additional_special_tokens=_QWEN_SPECIAL
     )
 
 

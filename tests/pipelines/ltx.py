@@ -49,15 +49,13 @@ from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
 from diffusers.pipelines.ltx2.pipeline_ltx2_hdr_lora import LTX2HDRReferenceCondition
 from diffusers.pipelines.ltx2.pipeline_ltx2_ic_lora import LTX2ReferenceCondition
 from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from tokenizers.pre_tokenizers import Whitespace
 from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
 from tests._vaes import TINY_LTX, tiny_ltx2_video, with_small_ltx_windows
 from tests.pipelines._shared import (
     TEXT_TOKENS,
     ExpectedAudio,
+    Finish,
     MakeKwargs,
     Pipeline,
     Prompt,
@@ -71,6 +69,7 @@ from tests.pipelines._shared import (
     randn,
     seeded,
     video_kwargs,
+    word_tokenizer,
 )
 
 #: Call options of a timestep-conditioned VAE, as LTX-Video 0.9.1+ and LTX-2 checkpoints use: decode at
@@ -107,11 +106,15 @@ _LTX_VAE: dict[str, Any] = {
 
 
 def _ltx(
-    pipeline_class: type[LTXPipeline] | type[LTXImageToVideoPipeline], *, timestep_conditioning: bool
+    pipeline_class: type[LTXPipeline] | type[LTXImageToVideoPipeline] | type[LTXConditionPipeline],
+    *,
+    timestep_conditioning: bool,
+    finish: Finish | None = None,
 ) -> tuple[Pipeline, MakeKwargs]:
     """A tiny LTX-Video pipeline: 8 latent channels, ``patch_size`` 1, 8× in time and space. 32×32, 9 frames
-    → packed latents [1, 2·4·4, 8]. With ``timestep_conditioning`` the call decodes at ``decode_timestep``
-    0.05 and mixes in noise from its generator (``decode_noise_scale`` 0.025).
+    (a 32×32 image too for image to video, and ``finish``) → latents [1, 8, 2, 4, 4] (LTXPipeline and
+    LTXImageToVideoPipeline give them packed, [1, 2·4·4, 8]). With ``timestep_conditioning`` the call
+    decodes at ``decode_timestep`` 0.05 and mixes in noise from its generator (``decode_noise_scale`` 0.025).
     """
     vae = {**_LTX_VAE, "timestep_conditioning": timestep_conditioning}
     pipe = pipeline(
@@ -123,7 +126,7 @@ def _ltx(
     prompt = prompt_pair(_LTX_TEXT_DIM, mask_dtype=torch.long)
     decode = DECODE_NOISE if timestep_conditioning else {}
     image = pipeline_class is LTXImageToVideoPipeline
-    return pipe, video_kwargs(32, 3.0, prompt, image=image, **decode)
+    return pipe, video_kwargs(32, 3.0, prompt, image=image, finish=finish, **decode)
 
 
 @builder(frames=(1, 9, 32, 32, 3), latents=(1, 2 * 4 * 4, 8), core=True)
@@ -169,15 +172,7 @@ def ltx_condition() -> tuple[Pipeline, MakeKwargs]:
     video's and dropped after the loop. Then one ``vae.decode(latents, tensor([0.05]))`` of [1, 8, 2, 4, 4]
     (unpacked, de-normalized, noise mixed in from the call's generator); ``output_type="latent"`` gives
     those latents unpacked, [1, 8, 2, 4, 4]."""
-    vae = {**_LTX_VAE, "timestep_conditioning": True}
-    pipe = pipeline(
-        LTXConditionPipeline,
-        transformer=seeded(LTXVideoTransformer3DModel, _LTX_TRANSFORMER),
-        vae=seeded(AutoencoderKLLTXVideo, vae),
-        scheduler=FlowMatchEulerDiscreteScheduler(),
-    )
-    prompt = prompt_pair(_LTX_TEXT_DIM, mask_dtype=torch.long)
-    return pipe, video_kwargs(32, 3.0, prompt, finish=_ltx_conditions, **DECODE_NOISE)
+    return _ltx(LTXConditionPipeline, timestep_conditioning=True, finish=_ltx_conditions)
 
 
 #: diffusers' tiny LTX-Video latent upsampler (tests/pipelines/ltx/test_ltx_latent_upsample.py): 2× in space.
@@ -220,9 +215,7 @@ _LONG_T5: dict[str, Any] = {"d_model": _LTX_TEXT_DIM, "d_kv": 8, "d_ff": 37, "nu
 def _long_text_models() -> tuple[PreTrainedTokenizerFast, T5EncoderModel]:
     """A word-level tokenizer (padding ``[PAD]``) and a seeded tiny T5 encoder: LTXI2VLongMultiPromptPipeline
     encodes each window's prompt itself and takes no prompt embeddings."""
-    words = Tokenizer(WordLevel({word: index for index, word in enumerate(_LONG_WORDS)}, unk_token="[UNK]"))
-    words.pre_tokenizer = Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]")
+    tokenizer = word_tokenizer(_LONG_WORDS, pad_token="[PAD]")
     config = T5Config(vocab_size=len(_LONG_WORDS), **_LONG_T5)
     return tokenizer, seeded(T5EncoderModel, {"config": config})
 
@@ -385,10 +378,19 @@ def ltx2_prompt() -> Prompt:
     return prompt_pair(_LTX2_CAPTION * _LTX2_TEXT_LAYERS, mask_dtype=torch.long)
 
 
-def _ltx2(*, timestep_conditioning: bool) -> tuple[Pipeline, MakeKwargs]:
-    pipe = pipeline(LTX2Pipeline, **ltx2_components(timestep_conditioning=timestep_conditioning))
+def _ltx2(
+    pipeline_class: Any = LTX2Pipeline,
+    *,
+    timestep_conditioning: bool,
+    finish: Finish | None = None,
+    **fixed: Any,
+) -> tuple[Pipeline, MakeKwargs]:
+    """An LTX-2 pipeline of :func:`ltx2_components` and its call: 32×32, 9 frames, classifier-free guidance
+    3.0 and the rest off (``_LTX2_GUIDANCE``), :data:`DECODE_NOISE` with a timestep-conditioned VAE, then
+    ``fixed`` and ``finish`` (:func:`tests.pipelines._shared.video_kwargs`)."""
+    pipe = pipeline(pipeline_class, **ltx2_components(timestep_conditioning=timestep_conditioning))
     decode = DECODE_NOISE if timestep_conditioning else {}
-    return pipe, video_kwargs(32, 3.0, ltx2_prompt(), **_LTX2_GUIDANCE, **decode)
+    return pipe, video_kwargs(32, 3.0, ltx2_prompt(), finish=finish, **_LTX2_GUIDANCE, **decode, **fixed)
 
 
 # latents unpacked, de-normalized
@@ -430,8 +432,7 @@ def ltx2_i2v() -> tuple[Pipeline, MakeKwargs]:
     bit-reproducible. ``output_type="latent"``: ``.frames`` [1, 8, 2, 4, 4], ``.audio`` [1, 2, 9, 2]. About
     0.15 s a call on 2 CPU cores.
     """
-    pipe = pipeline(LTX2ImageToVideoPipeline, **ltx2_components(timestep_conditioning=False))
-    return pipe, video_kwargs(32, 3.0, ltx2_prompt(), image=True, image_crf=0, **_LTX2_GUIDANCE)
+    return _ltx2(LTX2ImageToVideoPipeline, timestep_conditioning=False, image=True, image_crf=0)
 
 
 def _ltx2_conditions(kwargs: dict[str, Any]) -> None:
@@ -449,11 +450,7 @@ def ltx2_condition() -> tuple[Pipeline, MakeKwargs]:
     ``vae.encode``d into the latents it conditions. One ``vae.decode(latents, tensor([0.05]))`` of
     [1, 8, 2, 4, 4], then the audio VAE and the vocoder: ``.frames`` [1, 9, 32, 32, 3] and ``.audio``
     [1, 2, 5280] at 16 kHz. ``output_type="latent"``: [1, 8, 2, 4, 4] and [1, 2, 9, 2]."""
-    pipe = pipeline(LTX2ConditionPipeline, **ltx2_components(timestep_conditioning=True))
-    make_kwargs = video_kwargs(
-        32, 3.0, ltx2_prompt(), finish=_ltx2_conditions, **_LTX2_GUIDANCE, **DECODE_NOISE
-    )
-    return pipe, make_kwargs
+    return _ltx2(LTX2ConditionPipeline, timestep_conditioning=True, finish=_ltx2_conditions)
 
 
 def _ltx2_reference(kwargs: dict[str, Any]) -> None:
@@ -468,11 +465,7 @@ def ltx2_in_context() -> tuple[Pipeline, MakeKwargs]:
     the transformer attends to beside the video's, dropped after the loop. One
     ``vae.decode(latents, tensor([0.05]))`` of [1, 8, 2, 4, 4], then the audio VAE and the vocoder: shapes
     as :func:`ltx2_condition`."""
-    pipe = pipeline(LTX2InContextPipeline, **ltx2_components(timestep_conditioning=True))
-    make_kwargs = video_kwargs(
-        32, 3.0, ltx2_prompt(), finish=_ltx2_reference, **_LTX2_GUIDANCE, **DECODE_NOISE
-    )
-    return pipe, make_kwargs
+    return _ltx2(LTX2InContextPipeline, timestep_conditioning=True, finish=_ltx2_reference)
 
 
 def _hdr_reference(kwargs: dict[str, Any]) -> None:

@@ -77,8 +77,6 @@ from diffusers import (
     WanVACETransformer3DModel,
 )
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_TEXT_TAG
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
 from transformers import CLIPImageProcessorPil, CLIPVisionConfig, CLIPVisionModel, PreTrainedTokenizerFast
 
 from tests._vaes import tiny_minimax_h3, tiny_wan21
@@ -94,6 +92,7 @@ from tests.pipelines._shared import (
     prompt_pair,
     randn,
     seeded,
+    word_tokenizer,
 )
 from tests.pipelines.helios import HELIOS_FRAMES, HELIOS_TRANSFORMER
 from tests.pipelines.hunyuan import hunyuan15_components, hunyuan15_prompt
@@ -272,8 +271,7 @@ def hunyuan_video15_modular() -> tuple[Pipeline, MakeKwargs]:
 def _padding_tokenizer() -> PreTrainedTokenizerFast:
     """A one-word tokenizer that pads on the left, Gemma's side: the connector step reads only
     ``tokenizer.padding_side`` (how the prompt embeddings are padded), and there is no text encoder."""
-    vocabulary = Tokenizer(WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
-    return PreTrainedTokenizerFast(tokenizer_object=vocabulary, padding_side="left")
+    return word_tokenizer(["[UNK]"], padding_side="left")
 
 
 def _ltx2_prompt() -> dict[str, Any]:
@@ -373,6 +371,32 @@ def _driving_video(kwargs: dict[str, Any]) -> None:
     kwargs.setdefault("driving_video", noise_frames(kwargs.pop("num_frames"), _ANIMATE2_SIZE, seed=4))
 
 
+def _animate2(pipeline_class: Any, blocks: Any, *, guidance_scale: float) -> tuple[Pipeline, MakeKwargs]:
+    """A Wan-Animate-2 pipeline of ``blocks`` (the full or the distilled layout: the same models and call,
+    classifier-free guidance at ``guidance_scale`` from its guider) and its call: a 16×16 character image, a
+    17-frame 16×16 driving video, segments of 9 frames overlapping by 1."""
+    pipe = _modular(
+        pipeline_class,
+        blocks,
+        transformer=seeded(WanAnimate2Transformer3DModel, _ANIMATE2_TRANSFORMER),
+        vae=tiny_wan21(),
+        image_encoder=seeded(CLIPVisionModel, {"config": CLIPVisionConfig(**_ANIMATE2_CLIP)}),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+        guider=ClassifierFreeGuidance(guidance_scale=guidance_scale),
+    )
+    make_kwargs = call_kwargs(
+        _animate2_prompt,
+        image=_ANIMATE2_SIZE,
+        finish=_driving_video,
+        height=_ANIMATE2_SIZE,
+        width=_ANIMATE2_SIZE,
+        segment_frame_length=9,
+        prev_segment_conditioning_frames=1,
+        num_frames=17,
+    )
+    return pipe, make_kwargs
+
+
 # no latent output (the segment decode sets "latents" to None): ``latents`` is the shape each segment
 # denoises, the reference image's slot and 3 latent frames
 @builder(frames=(1, 17, 16, 16, 3), latents=(1, 16, 4, 2, 2))
@@ -399,26 +423,7 @@ def wan_animate2_modular() -> tuple[Pipeline, MakeKwargs]:
     is always in the kwargs (streamvae reads it from them: a modular pipeline has no signature defaults).
     The segment loop's progress bar is a bare ``tqdm``, which no configuration turns off.
     """
-    pipe = _modular(
-        WanAnimate2ModularPipeline,
-        WanAnimate2Blocks(),
-        transformer=seeded(WanAnimate2Transformer3DModel, _ANIMATE2_TRANSFORMER),
-        vae=tiny_wan21(),
-        image_encoder=seeded(CLIPVisionModel, {"config": CLIPVisionConfig(**_ANIMATE2_CLIP)}),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
-        guider=ClassifierFreeGuidance(guidance_scale=3.0),
-    )
-    make_kwargs = call_kwargs(
-        _animate2_prompt,
-        image=_ANIMATE2_SIZE,
-        finish=_driving_video,
-        height=_ANIMATE2_SIZE,
-        width=_ANIMATE2_SIZE,
-        segment_frame_length=9,
-        prev_segment_conditioning_frames=1,
-        num_frames=17,
-    )
-    return pipe, make_kwargs
+    return _animate2(WanAnimate2ModularPipeline, WanAnimate2Blocks(), guidance_scale=3.0)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -572,14 +577,26 @@ def wan22_vace_modular() -> tuple[Pipeline, MakeKwargs]:
 _PYRAMID_STAGES: dict[str, Any] = {"stage_range": [0, 0.5, 1], "stages": 2, "gamma": 0.3}
 
 
-def _helios_pyramid_kwargs() -> MakeKwargs:
-    """32×32, ``num_frames`` 66 (2 chunks), one step a stage (``pyramid_num_inference_steps_list``; the
-    blocks take no ``num_inference_steps``)."""
+def _helios_pyramid(
+    pipeline_class: Any, blocks: Any, scheduler: Any, guider: Any
+) -> tuple[Pipeline, MakeKwargs]:
+    """A Helios pyramid pipeline of ``blocks`` (the full or the distilled layout: the tiny transformer of
+    :mod:`tests.pipelines.helios` and ``tiny_wan21``, with ``scheduler`` and ``guider``) and its call:
+    32×32, ``num_frames`` 66 (2 chunks), one step a stage (``pyramid_num_inference_steps_list``; the blocks
+    take no ``num_inference_steps``)."""
+    pipe = _modular(
+        pipeline_class,
+        blocks,
+        transformer=seeded(HeliosTransformer3DModel, HELIOS_TRANSFORMER),
+        vae=tiny_wan21(),
+        scheduler=scheduler,
+        guider=guider,
+    )
 
     def no_steps(kwargs: dict[str, Any]) -> None:
         kwargs.pop("num_inference_steps", None)
 
-    return call_kwargs(
+    return pipe, call_kwargs(
         prompt_pair(WAN_TEXT_DIM),
         finish=no_steps,
         height=32,
@@ -600,15 +617,9 @@ def helios_pyramid_modular() -> tuple[Pipeline, MakeKwargs]:
     noise). As in :func:`helios_modular`, the chunk loop decodes nothing: the decode step calls
     ``vae.decode`` once per chunk, [1, 16, 9, 4, 4] → 33 frames, twice, and cuts the 66 frames to 65 →
     ``videos`` [1, 65, 32, 32, 3]. The chunk loop's progress bar is a bare ``tqdm``."""
-    pipe = _modular(
-        HeliosPyramidModularPipeline,
-        HeliosPyramidAutoBlocks(),
-        transformer=seeded(HeliosTransformer3DModel, HELIOS_TRANSFORMER),
-        vae=tiny_wan21(),
-        scheduler=HeliosScheduler(**_PYRAMID_STAGES, use_dynamic_shifting=True),
-        guider=ClassifierFreeZeroStarGuidance(guidance_scale=5.0),
-    )
-    return pipe, _helios_pyramid_kwargs()
+    scheduler = HeliosScheduler(**_PYRAMID_STAGES, use_dynamic_shifting=True)
+    guider = ClassifierFreeZeroStarGuidance(guidance_scale=5.0)
+    return _helios_pyramid(HeliosPyramidModularPipeline, HeliosPyramidAutoBlocks(), scheduler, guider)
 
 
 @builder(frames=(1, 65, 32, 32, 3), latents=(1, 16, 9, 4, 4))
@@ -619,15 +630,11 @@ def helios_pyramid_distilled_modular() -> tuple[Pipeline, MakeKwargs]:
     call's generator) and no guidance (the guider's scale 1.0: one transformer pass a step). Same decode:
     ``vae.decode`` of [1, 16, 9, 4, 4] once per chunk after the loop, 66 frames cut to 65 → ``videos``
     [1, 65, 32, 32, 3]."""
-    pipe = _modular(
-        HeliosPyramidDistilledModularPipeline,
-        HeliosPyramidDistilledAutoBlocks(),
-        transformer=seeded(HeliosTransformer3DModel, HELIOS_TRANSFORMER),
-        vae=tiny_wan21(),
-        scheduler=HeliosDMDScheduler(**_PYRAMID_STAGES, use_dynamic_shifting=True),
-        guider=ClassifierFreeGuidance(guidance_scale=1.0),
+    scheduler = HeliosDMDScheduler(**_PYRAMID_STAGES, use_dynamic_shifting=True)
+    guider = ClassifierFreeGuidance(guidance_scale=1.0)
+    return _helios_pyramid(
+        HeliosPyramidDistilledModularPipeline, HeliosPyramidDistilledAutoBlocks(), scheduler, guider
     )
-    return pipe, _helios_pyramid_kwargs()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -645,23 +652,4 @@ def wan_animate2_distilled_modular() -> tuple[Pipeline, MakeKwargs]:
     video's 17 frames and cropped to the image's region (all of it here: a square image in a square frame,
     no letterbox) → ``videos`` [1, 17, 16, 16, 3]. The first call in a process compiles the flex-attention
     block mask, as :func:`wan_animate2_modular`'s does."""
-    pipe = _modular(
-        WanAnimate2DistilledModularPipeline,
-        WanAnimate2DistilledBlocks(),
-        transformer=seeded(WanAnimate2Transformer3DModel, _ANIMATE2_TRANSFORMER),
-        vae=tiny_wan21(),
-        image_encoder=seeded(CLIPVisionModel, {"config": CLIPVisionConfig(**_ANIMATE2_CLIP)}),
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
-        guider=ClassifierFreeGuidance(guidance_scale=1.0),
-    )
-    make_kwargs = call_kwargs(
-        _animate2_prompt,
-        image=_ANIMATE2_SIZE,
-        finish=_driving_video,
-        height=_ANIMATE2_SIZE,
-        width=_ANIMATE2_SIZE,
-        segment_frame_length=9,
-        prev_segment_conditioning_frames=1,
-        num_frames=17,
-    )
-    return pipe, make_kwargs
+    return _animate2(WanAnimate2DistilledModularPipeline, WanAnimate2DistilledBlocks(), guidance_scale=1.0)

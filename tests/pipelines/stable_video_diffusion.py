@@ -11,22 +11,19 @@ from diffusers import EulerDiscreteScheduler, StableVideoDiffusionPipeline, UNet
 from transformers import CLIPImageProcessorPil, CLIPVisionConfig, CLIPVisionModelWithProjection
 
 from tests._vaes import tiny_stable_video
-from tests.pipelines._shared import MakeKwargs, Pipeline, builder, call_kwargs, pipeline, seeded
+from tests.pipelines._shared import MakeKwargs, Pipeline, builder, call_kwargs, pipeline, seeded, unet_config
 
 #: diffusers' tests/pipelines/stable_video_diffusion UNet (latents and the image latent in, 4 + 4).
-_SVD_UNET: dict[str, Any] = {
-    "block_out_channels": (32, 64),
-    "layers_per_block": 2,
-    "sample_size": 32,
-    "in_channels": 8,
-    "out_channels": 4,
-    "down_block_types": ("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
-    "up_block_types": ("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"),
-    "cross_attention_dim": 32,
-    "num_attention_heads": 8,
-    "projection_class_embeddings_input_dim": 96,
-    "addition_time_embed_dim": 32,
-}
+_SVD_UNET = unet_config(
+    (32, 64),
+    ("CrossAttnDownBlockSpatioTemporal", "DownBlockSpatioTemporal"),
+    ("UpBlockSpatioTemporal", "CrossAttnUpBlockSpatioTemporal"),
+    in_channels=8,
+    cross_attention_dim=32,
+    num_attention_heads=8,
+    projection_class_embeddings_input_dim=96,
+    addition_time_embed_dim=32,
+)
 #: diffusers' test scheduler (SVD's released one: v-prediction, Karras sigmas).
 _SVD_SCHEDULER: dict[str, Any] = {
     "beta_start": 0.00085,

@@ -4,26 +4,37 @@
 accelerate forward hook, batch slicing, the failure rule and the step API (:meth:`~ChunkedDecoder.iter_chunks`
 for a whole latent; :meth:`~ChunkedDecoder.start` / :meth:`~ChunkedDecoder.feed` /
 :meth:`~ChunkedDecoder.end` for latents that arrive in pieces, with one check of a piece).
-:class:`WholeClipDecoder` is the base of a family whose decoder needs the whole latent at once.
+:class:`WholeClipDecoder` is the base of a family whose decoder needs the whole latent at once,
+:class:`SegmentDecoder` of one whose decode walks time in segments sharing a cache.
 :class:`ProtocolDecoder` gives the same surface to a decoder that implements only the protocol.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
 
-from streamvae._checks import check_bool, check_latents
+from streamvae._checks import check_bool, check_latents, is_int
 from streamvae._protocol import SupportsChunkedVAEDecode, publish_chunks
 from streamvae._quantize import ValueRange
-from streamvae.models._common import execution_device, split_frames
+from streamvae.models._common import execution_device, joined_steps, split_frames
 from streamvae.models._families import piecewise_classes
 
-__all__ = ["ChunkedDecoder", "DecodeState", "ProtocolDecoder", "WholeClipDecoder"]
+__all__ = [
+    "ChunkedDecoder",
+    "DecodeState",
+    "ProtocolDecoder",
+    "SegmentDecoder",
+    "SegmentState",
+    "WholeClipDecoder",
+]
+
+#: what a :class:`SegmentDecoder` family keeps as one stream's decoder caches
+CachesT = TypeVar("CachesT")
 
 
 @dataclass(eq=False)
@@ -181,13 +192,7 @@ class ChunkedDecoder:
             return
         # One walk per entry, stepped together: each step decodes every entry alone, as vae.decode does,
         # and publishes the step's frames for the whole batch.
-        walks = [self.entry_chunks(z[entries], entries) for entries in slices]
-        try:
-            for step in zip(*walks, strict=True):
-                yield torch.cat(step)
-        finally:
-            for walk in walks:
-                walk.close()
+        yield from joined_steps([self.entry_chunks(z[entries], entries) for entries in slices])
 
     # Latents in pieces
 
@@ -353,6 +358,121 @@ class WholeClipDecoder(ChunkedDecoder):
     def entry_chunks(self, z: Tensor, entries: slice) -> Generator[Tensor, None, None]:
         # the first latent frame's frames, then a latent frame's worth a chunk
         yield from split_frames(self.decode_clip(z), latent_frames=z.shape[2], step=self.temporal_ratio)
+
+
+@dataclass(eq=False)
+class SegmentState(DecodeState, Generic[CachesT]):
+    """A :class:`SegmentDecoder` stream: its decoder caches, and the latent frames fed but not yet decoded."""
+
+    caches: CachesT | None = None  # what new_caches made; None once the stream let go of them
+    held: list[Tensor] = field(default_factory=list)  # the open segment's latent frames, in order
+    segments: int = 0  # segments decoded
+
+
+class SegmentDecoder(ChunkedDecoder, Generic[CachesT]):
+    """Base of a family whose ``vae.decode`` walks time in segments, one decoder call each, the calls
+    sharing a cache (KVAE, Kandinsky 6 SR): each segment's frames are published as soon as it is decoded.
+
+    The cut is greedy: a first segment of :attr:`first_segment` latent frames, then segments of
+    :attr:`segment`, the last taking what is left. A full segment has the same bounds whatever follows it,
+    and only the last one may be short. So latents may also arrive in pieces: the frames fed are held until
+    they fill the next segment, which is then decoded, and what is left at the end is decoded as the short
+    last segment (when its chunk is asked for; never, by a stream aborted) — the cut of the whole latent,
+    whatever the split. The caches are made per stream and never put on the module, so ``vae.decode`` is
+    unaffected by any stream, finished or not.
+
+    A family sets :attr:`first_segment` and :attr:`segment` and writes :meth:`new_caches`,
+    :meth:`decode_segment` and :meth:`segment_frames`. Memory: the caches, and the latent frames of the
+    open segment (fewer than one segment).
+    """
+
+    takes_pieces = True
+    #: latent frames of the first full segment, and of every full one after it
+    first_segment: int
+    segment: int
+
+    def new_caches(self, batch: int) -> CachesT:
+        """What a family writes: the empty caches of a stream of ``batch`` entries, as ``vae.decode`` makes
+        them for one decode."""
+        raise NotImplementedError(f"{type(self).__name__} implements no new_caches")
+
+    def decode_segment(self, frames: Tensor, caches: CachesT) -> Tensor:
+        """What a family writes: the decoder call(s) of one segment, as ``vae.decode`` makes them, with the
+        stream's ``caches``; one chunk for the whole batch."""
+        raise NotImplementedError(f"{type(self).__name__} implements no decode_segment")
+
+    def segment_frames(self, latent_frames: int, *, first: bool) -> int:
+        """What a family writes: the frames a segment of ``latent_frames`` gives (``first``: the first)."""
+        raise NotImplementedError(f"{type(self).__name__} implements no segment_frames")
+
+    def output_frames(self, latent_frames: int) -> int:
+        """Frames per entry of a decode of ``latent_frames`` latent frames, segment by segment."""
+        sizes = self._segment_sizes(latent_frames)
+        return sum(self.segment_frames(size, first=index == 0) for index, size in enumerate(sizes))
+
+    def start(self, batch: int, height: int, width: int) -> DecodeState:
+        """Begin a stream of latent pieces [batch, latent_channels, t, height, width]; its caches are made
+        now."""
+        for name, size in (("batch", batch), ("height", height), ("width", width)):
+            if not is_int(size) or size < 1:
+                raise ValueError(f"{type(self).__name__}.start: {name} must be a positive int, got {size!r}")
+        caches = self.new_caches(batch)
+        return SegmentState(owner=self, batch=batch, height=height, width=width, caches=caches)
+
+    def piece_chunks(self, state: DecodeState, z: Tensor) -> Generator[Tensor, None, None]:
+        assert isinstance(state, SegmentState)
+        state.held.append(z)
+        while sum(piece.shape[2] for piece in state.held) >= self._size_of(state.segments):
+            frames = state.held[0] if len(state.held) == 1 else torch.cat(state.held, dim=2)
+            size = self._size_of(state.segments)
+            rest = frames[:, :, size:]
+            state.held = [rest] if rest.shape[2] > 0 else []
+            state.decoded += size
+            yield self._next_segment(state, frames[:, :, :size])
+        # The frames left wait for the next piece or the end; a copy, as the caller may reuse its tensor.
+        state.held = [torch.cat(state.held, dim=2).clone()] if state.held else []
+        state.decoded = state.fed
+
+    def end_chunks(self, state: DecodeState) -> Iterator[Tensor]:
+        assert isinstance(state, SegmentState)
+        complete = state.decoded == state.fed  # else a piece was left half decoded: nothing is final
+        held, caches = state.held, state.caches
+        state.held, state.caches = (
+            [],
+            None,
+        )  # the stream lets go of its caches now; the last segment takes them
+        if not complete or not held or caches is None:
+            return iter(())
+        return self._last_segment(state, torch.cat(held, dim=2), caches)
+
+    def _last_segment(
+        self, state: SegmentState[CachesT], frames: Tensor, caches: CachesT
+    ) -> Iterator[Tensor]:
+        """The short last segment, decoded when its chunk is asked for (never, by a stream aborted)."""
+        state.caches = caches
+        try:
+            yield self._next_segment(state, frames)
+        finally:
+            state.caches = None
+
+    def _next_segment(self, state: SegmentState[CachesT], frames: Tensor) -> Tensor:
+        assert state.caches is not None
+        decoded = self.decode_segment(frames, state.caches)
+        state.segments += 1
+        return decoded
+
+    def _size_of(self, index: int) -> int:
+        """Latent frames of full segment ``index``."""
+        return self.first_segment if index == 0 else self.segment
+
+    def _segment_sizes(self, latent_frames: int) -> list[int]:
+        """The greedy cut of ``latent_frames``: full segments, then what is left."""
+        sizes: list[int] = []
+        left = latent_frames
+        while left > 0:
+            sizes.append(min(self._size_of(len(sizes)), left))
+            left -= sizes[-1]
+        return sizes
 
 
 def _without_grad(chunks: Iterator[Tensor]) -> Generator[Tensor, None, None]:

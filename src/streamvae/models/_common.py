@@ -1,5 +1,5 @@
 """Arithmetic the family adapters share: where ``vae.decode`` runs, when it tiles, how it blends tiles,
-and the overlapping-window walk of HunyuanVideo and LTX.
+the overlapping-window walk of HunyuanVideo and LTX, and batch groups decoded apart and stepped together.
 
 Each helper repeats one piece of diffusers' own decode, operation for operation, so an adapter that streams
 a decode step by step reproduces it bit for bit.
@@ -7,7 +7,7 @@ a decode step by step reproduces it bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ from torch import Tensor
 __all__ = [
     "blend_tiles",
     "execution_device",
+    "joined_steps",
     "overlapping_window_chunks",
     "split_frames",
     "uses_spatial_tiling",
@@ -131,3 +132,16 @@ def split_frames(video: Tensor, *, latent_frames: int, step: int) -> Generator[T
         yield video[:, :, start : start + size]
         start += size
         size = max(1, step)
+
+
+def joined_steps(walks: Iterable[Generator[Tensor, None, None]]) -> Generator[Tensor, None, None]:
+    """Step ``walks`` (one decode per batch group, each decoded alone, as ``vae.decode`` decodes its
+    slices or a pipeline its separate calls) together: each step's chunks joined along the batch, so every
+    chunk holds the whole batch. Closing the generator, or a walk that fails, closes every walk."""
+    walks = list(walks)
+    try:
+        for step in zip(*walks, strict=True):
+            yield torch.cat(step)
+    finally:
+        for walk in walks:
+            walk.close()

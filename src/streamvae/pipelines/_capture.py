@@ -73,12 +73,15 @@ __all__ = [
     "ClipKeeper",
     "ClipSink",
     "DecodedVideo",
+    "DecoderWrapper",
     "FirstFrames",
     "WholeVideo",
     "call_pipeline",
+    "check_fingerprints",
     "check_own_decoder",
     "check_pipeline",
     "check_pipeline_kwargs",
+    "decode_each_call",
     "decode_result",
     "run_clips",
     "run_to_decode",
@@ -119,18 +122,31 @@ class ClipSink:
     on_batch: Callable[[int], None]
 
 
-class FirstFrames:
-    """A :class:`streamvae.SupportsChunkedVAEDecode` that publishes the first ``frames`` frames of
-    ``decoder``'s decode and stops it there: a pipeline that cuts its decoded video (Allegro's
-    ``video[:, :, :num_frames]``). A decode that gives fewer is a RuntimeError, not a shorter video."""
+class DecoderWrapper:
+    """Base of a :class:`streamvae.SupportsChunkedVAEDecode` that publishes ``decoder``'s decode as a
+    pipeline changes it (cut, framed, decoded apart): its value range, latent channels and latent
+    preparation are ``decoder``'s; a subclass writes ``decode_with_chunks``."""
 
-    def __init__(self, decoder: ChunkedDecoder, frames: int, *, owner: str) -> None:
-        self.decoder, self.frames, self.owner = decoder, frames, owner
+    def __init__(self, decoder: ChunkedDecoder) -> None:
+        self.decoder = decoder
         self.chunk_value_range = decoder.chunk_value_range
         self.latent_channels = decoder.latent_channels
 
     def prepare_latents(self, z: Tensor) -> Tensor:
         return self.decoder.prepare_latents(z)
+
+    def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} implements no decode_with_chunks")
+
+
+class FirstFrames(DecoderWrapper):
+    """A :class:`streamvae.SupportsChunkedVAEDecode` that publishes the first ``frames`` frames of
+    ``decoder``'s decode and stops it there: a pipeline that cuts its decoded video (Allegro's
+    ``video[:, :, :num_frames]``). A decode that gives fewer is a RuntimeError, not a shorter video."""
+
+    def __init__(self, decoder: ChunkedDecoder, frames: int, *, owner: str) -> None:
+        super().__init__(decoder)
+        self.frames, self.owner = frames, owner
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
         left = self.frames
@@ -275,24 +291,42 @@ def run_clips(
     """Worker thread: run a pipeline that decodes clip by clip, streamvae decoding and streaming each clip
     as the pipeline asks for it and handing the decoded clip back; then check that what was sent is, in
     number and order, the video the pipeline returned (a RuntimeError if not)."""
-    vae = pipe.vae
     keeper = ClipKeeper(plan, pipeline_kwargs, pipe, sink, owner)
+    start, end = keeper.start_clip, keeper.end_clip
+    video = decode_each_call(pipe, plan, pipeline_kwargs, start=start, take=keeper.take, end=end, owner=owner)
+    keeper.finish(video)
+
+
+def decode_each_call(
+    pipe: Any,
+    plan: PipelinePlan,
+    pipeline_kwargs: Mapping[str, Any],
+    *,
+    start: Callable[[int, ValueRange], None],
+    take: Callable[[Tensor], None],
+    end: Callable[[], None],
+    owner: str,
+) -> Tensor:
+    """Worker thread: run a pipeline that decodes call by call (clips, sections), streamvae decoding each
+    ``vae.decode`` call as the pipeline makes it and handing the decoded video back; return the pipeline's
+    ``[B, F, C, H, W]`` video. Each chunk goes to ``take`` as it is published: ``start(batch, value range)``
+    before a call's first, ``end()`` after its last."""
+    vae = pipe.vae
 
     def stand_in(latents: Tensor, extra: Mapping[str, Any], return_dict: bool) -> Any:
         decoder = as_decoder(vae, owner=owner, **extra)
-        keeper.start_clip(latents.shape[0], decoder.chunk_value_range)
+        start(latents.shape[0], decoder.chunk_value_range)
         pieces: list[Tensor] = []
 
         def on_chunk(chunk: Tensor) -> None:
             pieces.append(chunk)
-            keeper.take(chunk)
+            take(chunk)
 
         run_decode(decoder, latents, on_chunk, owner)
-        keeper.end_clip()
+        end()
         return decode_result(torch.cat(pieces, dim=2), return_dict)
 
-    output = call_pipeline(pipe, plan, pipeline_kwargs, stand_in, owner=owner)
-    keeper.finish(video_output(plan, output))
+    return video_output(plan, call_pipeline(pipe, plan, pipeline_kwargs, stand_in, owner=owner))
 
 
 class ClipKeeper:
@@ -365,15 +399,7 @@ class ClipKeeper:
             )
         self._final = returned
         self._release()
-        means = video.float().mean(dim=(3, 4)).cpu()  # [B, F, C]
-        sent = torch.stack(self._fingerprints[:returned], dim=1)  # [B, F, C]
-        far = (means - sent).abs().amax(dim=(0, 2)) > FINGERPRINT_TOLERANCE
-        if bool(far.any()):
-            first = int(far.nonzero()[0])
-            raise RuntimeError(
-                f"{described}, and its frame {first} is not the frame streamvae sent there: the pipeline "
-                "changed its decoded frames after vae.decode, and the video written is not the pipeline's"
-            )
+        check_fingerprints(video, self._fingerprints[:returned], described, changed="after vae.decode")
 
     def _release(self) -> None:
         """Push the held frames, in order, up to the final count."""
@@ -387,6 +413,21 @@ class ClipKeeper:
                 chunk = chunk[:, :, :take]
             self._sink.push(chunk)
             self._sent += take
+
+
+def check_fingerprints(video: Tensor, sent: list[Tensor], described: str, *, changed: str) -> None:
+    """A RuntimeError unless every frame of the pipeline's ``video`` (``[B, F, C, H, W]`` in [0, 1]) is the
+    frame streamvae sent at its place, to :data:`FINGERPRINT_TOLERANCE`: ``sent`` holds their
+    :func:`fingerprints`, one per frame. The message starts with ``described`` and says the pipeline
+    changed its decoded frames as ``changed`` says."""
+    means = video.float().mean(dim=(3, 4)).cpu()  # [B, F, C]
+    far = (means - torch.stack(sent, dim=1)).abs().amax(dim=(0, 2)) > FINGERPRINT_TOLERANCE
+    if bool(far.any()):
+        first = int(far.nonzero()[0])
+        raise RuntimeError(
+            f"{described}, and its frame {first} is not the frame streamvae sent there: the pipeline "
+            f"changed its decoded frames {changed}, and the video written is not the pipeline's"
+        )
 
 
 def fingerprints(chunk: Tensor, value_range: ValueRange) -> list[Tensor]:
@@ -410,18 +451,21 @@ def call_pipeline(
     pipe: Any,
     plan: PipelinePlan,
     pipeline_kwargs: Mapping[str, Any],
-    stand_in: Callable[[Tensor, Mapping[str, Any], bool], Any],
+    stand_in: Callable[[Tensor, Mapping[str, Any], bool], Any] | None,
     *,
     owner: str,
 ) -> Any:
     """Run ``pipe`` once with ``stand_in`` for its ``vae.decode`` (in this thread only), checked for a
     cancelled caller before each model forward and at each step's end; return its output. A pipeline
-    whose own model decodes its video (issue 35, C6) has ``stand_in`` for that model's ``decode``."""
+    whose own model decodes its video (issue 35, C6) has ``stand_in`` for that model's ``decode``; with
+    ``stand_in`` None (issue 35, C8) its own ``vae.decode`` runs, untouched."""
     vae = pipe.vae if plan.decodes_itself is None else getattr(pipe, plan.decodes_itself)  # issue 35, C6
     with _turn(vae, owner):
         check_abandoned(owner)  # a cancellation before the denoising loop starts
         kwargs = dict(pipeline_kwargs)
-        kwargs["output_type"] = "pt"  # anything but "latent": the pipeline goes on to vae.decode
+        # A tensor in [0, 1] (the frames "np" gives, not yet on the CPU); anything but "latent": the
+        # pipeline goes on to vae.decode.
+        kwargs["output_type"] = "pt"
         if plan.modular:
             kwargs["output"] = list(plan.outputs)
         else:
@@ -430,7 +474,8 @@ def call_pipeline(
                 kwargs["return_dict"] = True
             if "callback_on_step_end" in parameters:
                 _wrap_step_callback(kwargs, owner)
-        with _standing_in_for_decode(vae, stand_in), _checked_forwards(pipe, owner):
+        standing_in = contextlib.nullcontext() if stand_in is None else _standing_in_for_decode(vae, stand_in)
+        with standing_in, _checked_forwards(pipe, owner):
             return pipe(**kwargs)
 
 
@@ -617,22 +662,10 @@ def run_whole(
 ) -> CapturedDecode:
     """Worker thread: run ``pipe(**pipeline_kwargs)`` to its end with ``output_type="pt"``, its own
     ``vae.decode`` untouched, checked for a cancelled caller before it starts, before each model forward
-    and at each step's end (where it takes a ``callback_on_step_end``), as :func:`call_pipeline` checks;
-    return its output video as the latents of a :class:`WholeVideo`, ``[B, C, F, H, W]`` in [0, 1], with
-    its output (for its sound). The video is a view of the pipeline's own tensor: nothing is copied."""
-    with _turn(pipe.vae, owner):
-        check_abandoned(owner)  # a cancellation before the pipeline starts
-        kwargs = dict(pipeline_kwargs)
-        kwargs["output_type"] = "pt"  # a tensor in [0, 1], the frames "np" gives, not yet on the CPU
-        if plan.modular:
-            kwargs["output"] = list(plan.outputs)
-        else:
-            parameters = inspect.signature(pipe).parameters
-            if "return_dict" in parameters:
-                kwargs["return_dict"] = True
-            if "callback_on_step_end" in parameters:
-                _wrap_step_callback(kwargs, owner)
-        with _checked_forwards(pipe, owner):
-            output = pipe(**kwargs)
+    and at each step's end (where it takes a ``callback_on_step_end``): :func:`call_pipeline` without a
+    stand-in; return its output video as the latents of a :class:`WholeVideo`, ``[B, C, F, H, W]`` in
+    [0, 1], with its output (for its sound). The video is a view of the pipeline's own tensor: nothing is
+    copied."""
+    output = call_pipeline(pipe, plan, pipeline_kwargs, None, owner=owner)
     video = video_output(plan, output)  # [B, F, C, H, W]
     return CapturedDecode(video.permute(0, 2, 1, 3, 4), {}, output)

@@ -33,7 +33,7 @@ does with what it decodes, so that the frames written are those the pipeline ret
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -43,10 +43,13 @@ from streamvae._decode_worker import check_abandoned, run_decode
 from streamvae._protocol import publish_chunks
 from streamvae._quantize import ValueRange
 from streamvae.models import ChunkedDecoder, ProtocolDecoder, as_decoder
+from streamvae.models._common import joined_steps
 from streamvae.pipelines._capture import (
-    FINGERPRINT_TOLERANCE,
     ClipSink,
+    DecoderWrapper,
     call_pipeline,
+    check_fingerprints,
+    decode_each_call,
     decode_result,
     fingerprints,
     video_output,
@@ -56,7 +59,7 @@ from streamvae.pipelines._plans import Blended, PipelinePlan
 __all__ = ["Framed", "framed_decoder", "in_session", "run_blended", "run_in_session", "run_joined"]
 
 
-class Framed:
+class Framed(DecoderWrapper):
     """A :class:`streamvae.SupportsChunkedVAEDecode` that publishes ``decoder``'s decode without its first
     ``drop`` frames, after the pixel frames ``lead()`` makes (BCTHW in the decoder's value range, made in
     the decode's thread and sent on its device before the first decoded chunk). A decode that gives no more
@@ -65,12 +68,8 @@ class Framed:
     def __init__(
         self, decoder: ChunkedDecoder, *, drop: int, lead: Callable[[], Tensor] | None, owner: str
     ) -> None:
-        self.decoder, self.drop, self.lead, self.owner = decoder, drop, lead, owner
-        self.chunk_value_range = decoder.chunk_value_range
-        self.latent_channels = decoder.latent_channels
-
-    def prepare_latents(self, z: Tensor) -> Tensor:
-        return self.decoder.prepare_latents(z)
+        super().__init__(decoder)
+        self.drop, self.lead, self.owner = drop, lead, owner
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
         if self.lead is not None:
@@ -200,30 +199,19 @@ def run_joined(
         )
 
 
-class _Apart:
+class _Apart(DecoderWrapper):
     """A :class:`streamvae.SupportsChunkedVAEDecode` that decodes each group of ``sizes`` entries of a
     latent as its own batch, as a pipeline's separate ``vae.decode`` calls did, the groups stepped together
     (one chunk of each per step, joined along the batch), so each chunk holds every entry."""
 
     def __init__(self, decoder: ChunkedDecoder, sizes: list[int]) -> None:
-        self.decoder, self.sizes = decoder, sizes
-        self.chunk_value_range = decoder.chunk_value_range
-        self.latent_channels = decoder.latent_channels
-
-    def prepare_latents(self, z: Tensor) -> Tensor:
-        return self.decoder.prepare_latents(z)
+        super().__init__(decoder)
+        self.sizes = sizes
 
     def decode_with_chunks(self, z: Tensor, *, on_chunk: Callable[[Tensor], None]) -> None:
-        publish_chunks(self._chunks(z), on_chunk, drain=self.decoder.drain)
-
-    def _chunks(self, z: Tensor) -> Iterator[Tensor]:
-        walks = [self.decoder.iter_chunks(group) for group in z.split(self.sizes)]
-        try:
-            for step in zip(*walks, strict=True):
-                yield torch.cat(step)
-        finally:
-            for walk in walks:
-                walk.close()
+        # each group's walk starts at the first step, inside the publishing
+        walks = (self.decoder.iter_chunks(group) for group in z.split(self.sizes))
+        publish_chunks(joined_steps(walks), on_chunk, drain=self.decoder.drain)
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -249,24 +237,10 @@ def run_blended(
     it back; send each frame once no later section can change it (:class:`_BlendKeeper`); then check what
     was sent against the video the pipeline returned (a RuntimeError if it differs)."""
     assert plan.blended is not None
-    vae = pipe.vae
     keeper = _BlendKeeper(plan.blended, pipeline_kwargs, pipe, sink, owner)
-
-    def stand_in(latents: Tensor, extra: Mapping[str, Any], return_dict: bool) -> Any:
-        decoder = as_decoder(vae, owner=owner, **extra)
-        keeper.start_section(latents.shape[0], decoder.chunk_value_range)
-        pieces: list[Tensor] = []
-
-        def on_chunk(chunk: Tensor) -> None:
-            pieces.append(chunk)
-            keeper.take(chunk)
-
-        run_decode(decoder, latents, on_chunk, owner)
-        keeper.end_section()
-        return decode_result(torch.cat(pieces, dim=2), return_dict)
-
-    output = call_pipeline(pipe, plan, pipeline_kwargs, stand_in, owner=owner)
-    keeper.finish(video_output(plan, output), plan.name)
+    start, end = keeper.start_section, keeper.end_section
+    video = decode_each_call(pipe, plan, pipeline_kwargs, start=start, take=keeper.take, end=end, owner=owner)
+    keeper.finish(video, plan.name)
 
 
 class _BlendKeeper:
@@ -343,16 +317,7 @@ class _BlendKeeper:
                 "match this pipeline's code, and the video written would not be the pipeline's"
             )
         self._release(final - self._sent)
-        means = video.float().mean(dim=(3, 4)).cpu()  # [B, F, C]
-        sent = torch.stack(self.fingerprints, dim=1)  # [B, F, C]
-        far = (means - sent).abs().amax(dim=(0, 2)) > FINGERPRINT_TOLERANCE
-        if bool(far.any()):
-            first = int(far.nonzero()[0])
-            raise RuntimeError(
-                f"{described}, and its frame {first} is not the frame streamvae sent there: the pipeline "
-                "changed its decoded frames in a way its plan does not, and the video written is not the "
-                "pipeline's"
-            )
+        check_fingerprints(video, self.fingerprints, described, changed="in a way its plan does not")
 
     def _join_section_start(self) -> None:
         """Blend the held end of the video with the current section's first frames, as the pipeline
