@@ -42,7 +42,7 @@ quick: $(STAMP)
 	$(PYTEST) -m "not slow and not browser"
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e '.[dev,serve,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,serve,bench,provenance]'
 	$(PY) bench/pipeline.py
 	$(PY) bench/wan.py
 	$(PY) bench/generate.py
@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(PY) bench/interactions.py
 	$(PY) bench/soak.py
 	$(PY) bench/broadcast.py
+	$(PY) bench/provenance.py
 
 # The site: every page and every public name's reference, warnings as errors; -n (nitpicky): a reference
 # or a link that does not resolve fails. docs/screenshots.py takes the pictures of it (docs/screenshots/).

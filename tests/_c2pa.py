@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import c2pa
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from streamvae import Provenance
@@ -47,6 +49,34 @@ class SigningChain:
     def provenance(self) -> Provenance:
         """What streamvae signs with this chain: ``Provenance`` of its certificates and key."""
         return Provenance(certificate_chain=self.certificate_chain, private_key=self.private_key)
+
+
+class HungKMS:
+    """A KMS's ES256 sign call (``sign_with=``) that, once :attr:`hang` is set, sets :attr:`entered` and
+    waits for :attr:`release` (at most ``wait`` seconds) before it signs; :attr:`done` once such a call
+    has signed. ``hang`` is set by :meth:`provenance`, after the trial signature."""
+
+    def __init__(self, chain: SigningChain, *, wait: float = 120.0) -> None:
+        key = serialization.load_pem_private_key(chain.private_key, password=None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)
+        self._key, self._chain, self._wait = key, chain, wait
+        self.hang, self.entered = threading.Event(), threading.Event()
+        self.release, self.done = threading.Event(), threading.Event()
+
+    def provenance(self) -> Provenance:
+        provenance = Provenance(certificate_chain=self._chain.certificate_chain, sign_with=self)
+        self.hang.set()
+        return provenance
+
+    def __call__(self, data: bytes) -> bytes:
+        hung = self.hang.is_set()
+        if hung:
+            self.entered.set()
+            self.release.wait(self._wait)
+        r, s = decode_dss_signature(self._key.sign(data, ec.ECDSA(hashes.SHA256())))
+        if hung:
+            self.done.set()
+        return r.to_bytes(32, "big") + s.to_bytes(32, "big")
 
 
 def _name(common_name: str) -> x509.Name:

@@ -1,5 +1,6 @@
-"""Helpers shared by the command-line tests: ``streamvae demo`` run in a fresh interpreter and stopped by a
-signal mid-decode (Ctrl-C's SIGINT, a service manager's SIGTERM)."""
+"""Helpers shared by the command-line tests: the one-line error a refused command prints, and
+``streamvae demo`` run in a fresh interpreter and stopped by a signal mid-decode (Ctrl-C's SIGINT, a service
+manager's SIGTERM)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 # Runs the command as ``python -m streamvae`` would, with Ctrl-C's handler as the parent left it: Python's
 # own (even where the test runner's parent ignores SIGINT: a background job's children inherit that), or
@@ -20,6 +23,13 @@ signal.signal(signal.SIGINT, signal.SIG_IGN if ignore == "1" else signal.default
 sys.argv = ["streamvae", *argv]
 runpy.run_module("streamvae", run_name="__main__")
 """
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
+    """What the command printed to stderr: exactly one line, ``streamvae: error: ...``."""
+    err = capsys.readouterr().err
+    assert err.startswith("streamvae: error: ") and err.count("\n") == 1, err
+    return err
 
 
 def streamvae_command(*argv: str, sigint_ignored: bool = False) -> list[str]:

@@ -119,9 +119,12 @@ def wait_until_cancelled() -> None:
     while time.monotonic() < deadline:
         try:
             anyio.from_thread.check_cancelled()
+        except Exception:  # not a cancellation (asyncio's and trio's are BaseExceptions): a failure
+            raise
         except BaseException:  # the backend's cancellation: seen
             return
         time.sleep(0.01)
+    raise AssertionError(f"the caller's cancellation did not reach the worker within {HANG_GUARD} s")
 
 
 async def cancelled_when(

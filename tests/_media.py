@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 from collections.abc import AsyncIterable, Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -152,3 +153,17 @@ async def streamed(
 async def written_pieces(chunks: Sequence[torch.Tensor], **options: Any) -> list[MP4Piece]:
     """Entry 0's MP4 pieces, as the encoder hands them on, of a session with ``options`` pushed ``chunks``."""
     return await streamed(MP4ByteStream.pieces, chunks, **options)
+
+
+def top_level_boxes(data: bytes) -> list[tuple[bytes, int, int]]:
+    """The top-level boxes ``data`` is made of, each ``(type, offset, size)``; fails unless it is whole
+    boxes exactly (a size under 8, which would be a 64-bit size or a box to the end, is not one streamvae
+    writes)."""
+    boxes, start = [], 0
+    while start < len(data):
+        size, kind = struct.unpack_from(">I4s", data, start)
+        assert size >= 8, f"a box of {size} bytes at {start}"
+        boxes.append((kind, start, size))
+        start += size
+    assert start == len(data), "the last box runs past the data"
+    return boxes

@@ -78,7 +78,8 @@ async def test_the_transforms_output_is_what_is_encoded_each_frame_once_in_order
 async def test_the_transform_sees_the_cropped_frames_and_runs_for_a_decode_door() -> None:
     bars = Bars()
     vae = tiny_wan21()
-    z = torch.randn(1, vae.config.z_dim, 3, 4, 6, generator=torch.Generator().manual_seed(0))
+    # 40×56 frames cropped to 32×48: the transform sees the crop, not the decoder's frames
+    z = torch.randn(1, vae.config.z_dim, 3, 5, 7, generator=torch.Generator().manual_seed(0))
     (video,) = await decode_to_mp4(
         vae, z, fps=8, chunk_transform=bars, crop=(HEIGHT, WIDTH), video_codec_options=DETERMINISTIC_X264
     )
@@ -106,20 +107,21 @@ async def test_the_transforms_exception_is_the_first_cause() -> None:
 
 
 @pytest.mark.parametrize(
-    ("transform", "message"),
+    ("transform", "error", "message"),
     [
         (
             lambda chunk: chunk[:, :, :, :16],
+            ValueError,
             r"chunk_transform must return a float tensor of the chunk's shape",
         ),
-        (lambda chunk: chunk.to(torch.uint8), r"float tensor .* got torch.uint8"),
-        (lambda chunk: chunk.numpy(), r"chunk_transform must return a tensor .* got ndarray"),
+        (lambda chunk: chunk.to(torch.uint8), ValueError, r"float tensor .* got torch.uint8"),
+        (lambda chunk: chunk.numpy(), TypeError, r"chunk_transform must return a tensor .* got ndarray"),
     ],
 )
 async def test_an_output_that_cannot_be_encoded_in_the_chunks_place_is_refused_naming_it(
-    transform: Any, message: str
+    transform: Any, error: type[Exception], message: str
 ) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(error, match=message):
         await encode(frame_chunks((2,)), chunk_transform=transform)
 
 

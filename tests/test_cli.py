@@ -34,7 +34,7 @@ from safetensors.torch import save_file
 from streamvae import cli, quantize_chunk
 from streamvae.cli import main
 from streamvae.models import as_decoder
-from tests._cli import check_signal_mid_decode, streamvae_command
+from tests._cli import check_signal_mid_decode, one_line_error, streamvae_command
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests._vaes import (
     latent,
@@ -65,12 +65,6 @@ def write_wav(path: Path, seconds: float, rate: int = 16000, channels: int = 1) 
         wav.setsampwidth(2)
         wav.setframerate(rate)
         wav.writeframes(np.repeat(samples[:, None], channels, axis=1).tobytes())
-
-
-def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("streamvae: error: ") and err.count("\n") == 1, err
-    return err
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -627,6 +621,7 @@ def test_a_device_this_machine_lacks_is_one_line_before_anything_is_read(
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow  # a fresh interpreter per run
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_ctrl_c_while_decoding_is_one_line_exit_130_and_leaves_the_earlier_file(
     backend: str, tmp_path: Path

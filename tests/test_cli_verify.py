@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import datetime
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from streamvae.cli import main
 from tests._c2pa import SigningChain, make_chain, read_manifest
+from tests._cli import one_line_error
 from tests._media import count_frames
 from tests._vaes import latent, tiny_wan21
 
@@ -27,12 +29,6 @@ def chain() -> SigningChain:
 def signing(chain: SigningChain, tmp_path: Path) -> list[str]:
     certificate, key = chain.write(tmp_path)
     return ["--sign-cert", str(certificate), "--sign-key", str(key)]
-
-
-def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("streamvae: error: ") and err.count("\n") == 1, err
-    return err
 
 
 @pytest.mark.parametrize(("container", "backend"), [("fragmented", "asyncio"), ("mp4", "trio")])
@@ -58,7 +54,7 @@ def test_demo_signs_and_verify_says_valid_untrusted_then_trusted(
         state
         == "state: Valid (signature valid; not trusted: no --trust-anchor given to check the signer against)"
     )
-    assert signer.startswith("signer: streamvae test signer, issued by streamvae tests, Es256")
+    assert signer.startswith("signer: streamvae test signer (streamvae tests), Es256")
     assert actions.startswith("actions: c2pa.created (trainedAlgorithmicMedia) by streamvae ")
     anchor = tmp_path / "ca.pem"
     anchor.write_bytes(chain.ca)
@@ -129,5 +125,33 @@ def test_a_certificate_that_cannot_sign_is_refused_before_anything_is_written(
     )
     assert "provenance: the signing certificate is valid from " in one_line_error(capsys)
     assert output.read_bytes() == b"an earlier render"
+    written = {certificate.name, key.name, output.name}
+    assert {path.name for path in tmp_path.iterdir()} == written  # no .part, no temporary file left
     assert main(["demo", "-o", str(output), *DEMO, "--sign-cert", str(certificate)]) == 1
     assert "--sign-cert and --sign-key go together" in one_line_error(capsys)
+
+
+def test_a_missing_c2pa_is_one_line_for_signing_and_verifying(
+    signing: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "c2pa", None)  # what `import c2pa` finds without the extra
+    output = tmp_path / "demo.mp4"
+    assert main(["demo", "-o", str(output), *DEMO, *signing]) == 1
+    assert "--sign-cert needs c2pa-python: pip install 'streamvae[provenance]'" in one_line_error(capsys)
+    assert not output.exists()
+    assert main(["verify", str(output)]) == 1
+    assert "verify needs c2pa-python" in one_line_error(capsys)
+
+
+def test_a_trust_anchor_that_is_no_certificate_is_one_line(
+    signing: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    signed = tmp_path / "signed.mp4"
+    assert main(["demo", "-o", str(signed), "--container", "mp4", *DEMO, *signing]) == 0
+    anchor = tmp_path / "anchor.pem"
+    anchor.write_text("not a certificate\n")
+    capsys.readouterr()
+    assert main(["verify", str(signed), "--trust-anchor", str(anchor)]) == 1
+    assert one_line_error(capsys).startswith(
+        f"streamvae: error: --trust-anchor {anchor}: not PEM CA certificates"
+    )

@@ -23,7 +23,7 @@ from streamvae.cli import build_parser, main
 from streamvae.demo import demo_latent
 from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.server import Interactions, RealtimePiece, create_app, realtime_video_endpoint
-from tests._cli import check_signal_mid_decode
+from tests._cli import check_signal_mid_decode, one_line_error
 from tests._media import DETERMINISTIC_X264, read_mp4
 from tests._server import EventLog, get_once
 from tests._websocket import Client, Pieces, check_pieces, connect
@@ -286,12 +286,6 @@ async def test_the_stand_in_applies_what_it_can_and_refuses_the_rest_without_dyi
 # -- the CLI: one line, before the work --
 
 
-def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("streamvae: error: ") and err.count("\n") == 1, err
-    return err
-
-
 @pytest.mark.parametrize(
     ("port", "message"),
     [
@@ -349,6 +343,7 @@ def test_the_largest_demo_seed_is_taken() -> None:
 
 
 # Each backend once, and each SIGINT setting once (a run is a fresh interpreter: ~10 s on 2 cores).
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "sigint"), [("asyncio", "default"), ("trio", "ignored")])
 def test_sigterm_while_decoding_is_one_line_exit_143_and_leaves_the_earlier_file(
     backend: str, sigint: str, tmp_path: Path

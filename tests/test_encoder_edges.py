@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -20,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamvae import ChunkedVideoMP4Session, SessionOptions
+from streamvae import ChunkedVideoMP4Session, SessionOptions, _codec_options
+from streamvae._codec_options import check_video_codec
 from streamvae._encode import EntryEncoder
 from streamvae.cli import main
 from streamvae.demo import demo_latent
@@ -123,6 +125,7 @@ _SCAN_SIZES = sorted(
 )
 
 
+@pytest.mark.slow  # a child process per codec
 @pytest.mark.parametrize("codec", ["libsvtav1", "libvpx-vp9"])
 def test_a_scan_of_small_and_odd_sizes_encodes_or_refuses_every_size_and_none_hangs(codec: str) -> None:
     try:
@@ -181,11 +184,13 @@ async def test_a_cancelled_caller_gets_out_while_the_encoders_worker_is_wedged(
                         await session.finish()
             # Out (after the grace the session gives a call in flight): the caller's cancel, and nothing else.
             assert caller.cancelled_caught
+        assert wedged, "the encode never reached the wedged call"
         assert wedged[0].is_alive()  # the call is still in the encoder's worker
         assert open_containers() == containers + 1  # held by the call: nothing freed under it
     finally:
         release.set()
-    await anyio.to_thread.run_sync(wedged[0].join)
+    if wedged:
+        await anyio.to_thread.run_sync(wedged[0].join)
     assert open_containers() == containers  # the call released it when it returned
 
 
@@ -324,14 +329,34 @@ def test_an_option_value_ffmpeg_refuses_is_a_value_error_at_the_door(
         SessionOptions(value_range=(-1, 1), fps=16, video_codec=codec, video_codec_options=options)
 
 
+def test_a_refusal_at_the_door_is_not_remembered_and_a_pass_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hardware encoder's test open fails while its GPU is busy: the next session's check opens again."""
+    busy = ["video_codec_options: libx264 refuses preset='veryfast' (FFmpeg: the device is busy)"]
+    calls = []
+
+    def refused_option(codec: str, given: dict[str, str], others: dict[str, str]) -> str | None:
+        calls.append(codec)
+        return busy.pop() if busy else None
+
+    monkeypatch.setattr(_codec_options, "refused_option", refused_option)
+    options = {"preset": "veryfast", "threads": "3"}  # a set no other test checks (the cache is per process)
+    with pytest.raises(ValueError, match="the device is busy"):
+        check_video_codec("libx264", options)
+    check_video_codec("libx264", options)  # opened again: the GPU is free now
+    check_video_codec("libx264", options)  # the pass is remembered
+    assert calls == ["libx264", "libx264"]
+
+
 def test_the_encoders_own_refusal_at_open_names_the_option_its_value_and_the_encoder() -> None:
     # Past the door (an encoder built directly): the open's refusal is FFmpeg's, named.
     encoder = EntryEncoder(fps=Fraction(16), video_codec="libx264", video_codec_options={"crf": "banana"})
-    with pytest.raises(
-        ValueError, match=r"video_codec_options: libx264 refuses crf='banana' \(FFmpeg: "
-    ) as error:
-        encoder.encode(np.zeros((1, 32, 32, 3), np.uint8))
-    encoder.close()
+    try:
+        with pytest.raises(
+            ValueError, match=r"video_codec_options: libx264 refuses crf='banana' \(FFmpeg: "
+        ) as error:
+            encoder.encode(np.zeros((1, 32, 32, 3), np.uint8))
+    finally:
+        encoder.close()
     assert isinstance(error.value.__cause__, av.FFmpegError)
 
 
@@ -395,6 +420,19 @@ def encoded_in_a_child(
     return run.stdout.strip(), run.stderr
 
 
+def test_svt_log_is_set_once_per_process_where_the_user_set_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_codec_options, "_environment_set", set())  # as in a fresh process
+    monkeypatch.delenv("SVT_LOG", raising=False)
+    _codec_options.quiet_encoder_logs("libx264")  # a rung without a log variable
+    assert "SVT_LOG" not in os.environ
+    _codec_options.quiet_encoder_logs("libsvtav1")
+    assert os.environ["SVT_LOG"] == "1"
+    monkeypatch.delenv("SVT_LOG")  # later opens leave the environment alone: set once per process
+    _codec_options.quiet_encoder_logs("libsvtav1")
+    assert "SVT_LOG" not in os.environ
+
+
+@pytest.mark.slow  # a fresh interpreter per case
 @pytest.mark.parametrize(
     ("codec", "absent", "opened"),
     [("libx265", (), "libx265"), ("libsvtav1", (), "libsvtav1"), ("auto", NO_X264, "libsvtav1")],
@@ -403,6 +441,7 @@ def test_an_encoders_banner_stays_off_stderr(codec: str, absent: tuple[str, ...]
     assert encoded_in_a_child(codec, absent=absent) == (opened, "")  # "auto": SVT-AV1's probe, then its open
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_an_encoders_banner_comes_back_when_asked() -> None:
     _, x265 = encoded_in_a_child("libx265", "x265-params=log-level=info")
     assert "x265 [info]: HEVC encoder version" in x265

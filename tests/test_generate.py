@@ -5,6 +5,7 @@ stream_mp4 for the latents the pipeline passes to vae.decode, and cancellation e
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -265,3 +266,18 @@ async def test_one_mp4_per_video_of_the_call(wan: tuple[Any, Callable[[], dict[s
     distance = [[float(np.abs(d - r).mean()) for r in reference] for d in decoded]
     # Each entry is its own video, in order (16×16 noise is far from lossless at crf 18: compare, not bound).
     assert distance[0][0] < distance[0][1] and distance[1][1] < distance[1][0]
+
+
+async def test_a_pipeline_that_sets_num_videos_per_prompt_aside_is_not_refused_at_the_door(
+    tmp_path: Path,
+) -> None:
+    # CogVideoXPipeline takes num_videos_per_prompt but sets it to 1: its call makes one video, which one
+    # output file fits (the batch is not counted at the door from an argument the pipeline sets aside).
+    pipe, make_kwargs = BUILDERS["cogvideox"]()
+    path = tmp_path / "one.mp4"
+    kwargs = {**make_kwargs(), "num_videos_per_prompt": 2}
+    videos = await generate_mp4(pipe, fps=8, session_options={**PINNED, "output_files": [path]}, **kwargs)
+    reference = np.asarray(pipe(**kwargs, output_type="np").frames)
+    assert len(videos) == 1 == len(reference)
+    assert path.read_bytes() == videos[0]
+    assert read_mp4(videos[0]).frames.shape[:3] == reference[0].shape[:3]

@@ -71,7 +71,7 @@ CLIPS = [
     "helios_pyramid_distilled_modular",
     "wan_animate2_distilled_modular",
     "wan_animate2_modular",
-    "cosmos2_5_transfer",  # issue 35, group C7
+    "cosmos2_5_transfer",
 ]
 #: of those, the ones that decode while they denoise, and take a callback_on_step_end to show it
 STREAMED_WHILE_DENOISING = ["helios", "helios_pyramid", "wan_animate", "cosmos2_5_transfer"]
@@ -210,7 +210,7 @@ def _control_videos() -> list[Any]:
 def test_cosmos_transfer_cuts_its_chunks_to_as_many_frames_as_the_pipeline_reads_off_its_controls(
     controls: Any,
 ) -> None:
-    """issue 35, group C7: the frames the plan counts are those of the pipeline's preprocessed controls."""
+    """The frames the plan counts are those of the pipeline's preprocessed controls."""
     pipe, _ = NEW["cosmos2_5_transfer"]()
     frames = int(pipe.video_processor.preprocess_video(controls, 8, 8).shape[2])
     clips = plans()["Cosmos2_5_TransferPipeline"].clips
@@ -222,7 +222,7 @@ def test_cosmos_transfer_cuts_its_chunks_to_as_many_frames_as_the_pipeline_reads
 
 
 async def test_cosmos_transfer_with_a_longer_overlap_and_a_shorter_video_is_still_every_frame() -> None:
-    """issue 35, group C7: 2 latent frames of overlap (5 frames: chunks 0–8 and 4–12) and a cut to 11."""
+    """2 latent frames of overlap (5 frames: chunks 0–8 and 4–12) and a cut to 11."""
     pipe, make_kwargs = NEW["cosmos2_5_transfer"]()
     options = {"num_ar_conditional_frames": None, "num_ar_latent_conditional_frames": 2, "num_frames": 11}
     frames, _ = reference(pipe, make_kwargs(**options))
@@ -347,7 +347,7 @@ UNCHECKED_CALLS = [
     ("ltx_long_multi_prompt", {"decode_vertical_tiles": 2}, "decode_vertical_tiles=2 "),
     ("sana_video", {"use_resolution_binning": True}, "a 32×32 video is generated at 624×624, the trained"),
     ("sana_video_i2v", {"use_resolution_binning": True}, "resized back after vae.decode"),
-    # issue 35, group C3: Cosmos 2.5 Predict's frame repeats, Cosmos 3's sound and transfer workflow
+    # Cosmos 2.5 Predict's frame repeats, Cosmos 3's sound and transfer workflow
     ("cosmos2_5_predict", {"num_frames": 10}, "num_frames=10 is not 4·k"),
     ("cosmos3", {"enable_sound": True}, "enable_sound=True: streamvae does not mux"),
     ("cosmos3_modular", {"control_videos": {}}, "control_videos"),
@@ -355,7 +355,7 @@ UNCHECKED_CALLS = [
 
 
 @pytest.mark.parametrize(("name", "changed", "why"), UNCHECKED_CALLS)
-async def test_a_call_with_an_option_the_plan_refuses_is_a_type_error_before_any_step(
+async def test_a_call_with_an_option_the_plan_refuses_is_a_value_error_before_any_step(
     name: str, changed: dict[str, Any], why: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pipe, make_kwargs = NEW[name]()
@@ -367,9 +367,9 @@ async def test_a_call_with_an_option_the_plan_refuses_is_a_type_error_before_any
     forwards: list[int] = []
     hook = pipe.transformer.register_forward_pre_hook(lambda module, args: forwards.append(1))
     try:
-        with pytest.raises(TypeError, match=why):
+        with pytest.raises(ValueError, match=why):
             await generate_mp4(pipe, fps=8, **kwargs)
-        with pytest.raises(TypeError, match=why):
+        with pytest.raises(ValueError, match=why):
             async with stream_generation(pipe, fps=8, **kwargs):
                 pass
     finally:
@@ -397,17 +397,37 @@ async def test_a_cosmos_pipeline_with_the_real_guardrail_is_refused_before_any_s
 ) -> None:
     pipe, make_kwargs = NEW[name]()
     monkeypatch.setattr(pipe, "safety_checker", CosmosSafetyChecker())
-    with pytest.raises(TypeError, match="its CosmosSafetyChecker checks the whole decoded video"):
+    with pytest.raises(ValueError, match="its CosmosSafetyChecker checks the whole decoded video"):
         await generate_mp4(pipe, fps=8, **make_kwargs())
     if name == "cosmos3":  # the call's own opt-out: the pipeline then checks nothing, and streams
         assert find_plan(pipe, {**make_kwargs(), "enable_safety_check": False}, owner="test")
 
 
-async def test_kandinsky6_without_its_sound_says_how_to_write_silent_videos() -> None:
+@pytest.mark.parametrize("entry", ["generate_mp4", "stream_generation"])
+async def test_kandinsky6_without_its_sound_is_refused_before_any_step_saying_how_to_write_silent_videos(
+    entry: str,
+) -> None:
     pipe, make_kwargs = NEW["kandinsky6"]()
     kwargs = make_kwargs(sample_audio=False)
-    with anyio.fail_after(HANG_GUARD), pytest.raises(ValueError, match="sample_audio=False made no sound"):
-        await generate_mp4(pipe, fps=8, **kwargs)
+    forwards: list[int] = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    message = (
+        rf'^{entry}: Kandinsky6TI2VAPipeline with sample_audio=False makes no soundtrack; .*"audio_waveforms"'
+    )
+    try:
+        with anyio.fail_after(HANG_GUARD), pytest.raises(ValueError, match=message):
+            if entry == "generate_mp4":
+                await generate_mp4(pipe, fps=8, **kwargs)
+            else:
+                async with stream_generation(pipe, fps=8, **kwargs):
+                    raise AssertionError("the block must not be entered")
+    finally:
+        hook.remove()
+    assert forwards == []  # refused at the door: no denoising step ran
+
+
+async def test_kandinsky6_silent_videos_are_the_pipelines_frames() -> None:
+    pipe, make_kwargs = NEW["kandinsky6"]()
     silent = {**LOSSLESS, "audio_waveforms": [None], "audio_sample_rate": 16000}
     with anyio.fail_after(HANG_GUARD):
         (video,) = await generate_mp4(pipe, fps=8, session_options=silent, **make_kwargs(sample_audio=False))

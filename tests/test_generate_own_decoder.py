@@ -1,5 +1,5 @@
 """generate_mp4 / stream_generation on the pipelines whose own model makes their video instead of
-``vae.decode`` (issue 35, group C6): LTX-2.5's diffusion decoder, in LTX2VideoDiffusionDecodePipeline (no
+``vae.decode``: LTX-2.5's diffusion decoder, in LTX2VideoDiffusionDecodePipeline (no
 VAE) and the modular LTX25AutoBlocks (with sound). Every frame the model made and the sound, streamed once
 the decode is whole; a cancellation during the decode stops the pipeline there; the door asks for the model
 instead of a VAE. tests/test_generate_every.py checks their frames and sound against ``pipe()`` too."""
@@ -38,6 +38,7 @@ async def test_stream_generation_streams_the_video_its_own_model_made_and_its_so
     frames, output = reference_of(name)
     streamed = await streamed_as_in_one_call(pipe, make_kwargs, frames[0])
     plan = find_plan(pipe, make_kwargs(), owner="test")
+    assert (plan.sound is not None) == (name == "ltx25_modular")  # the blocks make sound, the other not
     if plan.sound is not None:
         waveforms, _ = plan.sound.read(output, pipe)
         assert_sound(streamed, torch.as_tensor(waveforms[0]).float().numpy())

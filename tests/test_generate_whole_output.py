@@ -1,4 +1,4 @@
-"""generate_mp4 / stream_generation on a pipeline whose video is final only at its end (issue 35, group C8):
+"""generate_mp4 / stream_generation on a pipeline whose video is final only at its end:
 Kandinsky 6 SR, which blends its decoded tiles, each over every frame, into one canvas. streamvae runs it
 to its end, its own ``vae.decode`` untouched, and encodes the canvas it returned: the same frames streamed
 or in one call, whatever the tile batches; a cancellation during a tile's denoising stops the pipeline

@@ -26,15 +26,13 @@ from streamvae.pipelines._capture import ClipSink
 from streamvae.pipelines._frames import run_frame_batches
 from streamvae.pipelines._plans import find_plan
 from tests._adapters import check_decode_chunk_size_passed_on, conforms
+from tests._generate import HANG_GUARD, LOSSLESS, assert_frames
 from tests._media import bt709_luma, read_luma, read_mp4
 from tests.pipelines import BUILDERS
 from tests.pipelines._shared import randn
 from tests.pipelines.image_vae import DECODE_CHUNK, FRAMES, tiny_autoencoder_kl
 
 pytestmark = pytest.mark.anyio
-
-LOSSLESS = {"video_codec_options": {"threads": "1", "crf": "0"}}  # lossless luma, deterministic
-HANG_GUARD = 300  # seconds: a generous bound on a tiny pipeline's call
 
 
 def two_videos(name: str) -> dict[str, Any]:
@@ -236,9 +234,7 @@ def assert_videos(videos: list[bytes], frames: np.ndarray) -> None:
     """Each MP4's luma is that of its reference video (``[F, H, W, 3]`` in [0, 1]) within a level."""
     assert len(videos) == frames.shape[0]
     for video, expected in zip(videos, frames, strict=True):
-        luma = read_luma(video).astype(int)
-        reference = bt709_luma(np.round(expected * 255).astype(np.uint8)).astype(int)
-        assert luma.shape == reference.shape and abs(luma - reference).max() <= 1
+        assert_frames(video, expected)
 
 
 @pytest.mark.parametrize("name", ["animatediff", "stable_video_diffusion"])

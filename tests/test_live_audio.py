@@ -379,7 +379,7 @@ async def test_push_audio_after_a_failure_raises_the_failure() -> None:
         ({"audio_channels": "1"}, r"audio_channels must be 1 \(mono\) or 2 \(stereo\), got '1'"),
         (
             {"audio_channels": 1, "audio_sample_rate": None},
-            "audio_sample_rate must be a positive int when audio_channels",
+            "audio_sample_rate must be an int from 1000 to 768000 Hz when audio_channels",
         ),
         (
             {"audio_channels": 1, "audio_sample_rate": 0},

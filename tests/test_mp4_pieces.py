@@ -16,9 +16,17 @@ import numpy as np
 import pytest
 
 from streamvae import ChunkedVideoMP4Session, MP4ByteStream, MP4Piece, read_entries
+from streamvae._boxes import box_children, file_boxes
 from streamvae._fragments import FragmentCutter
 from tests import _media
-from tests._media import DETERMINISTIC_X264, count_frames, moving_pattern, read_mp4, wan_like_chunks
+from tests._media import (
+    DETERMINISTIC_X264,
+    count_frames,
+    moving_pattern,
+    read_mp4,
+    top_level_boxes,
+    wan_like_chunks,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -34,16 +42,9 @@ CHUNKS = wan_like_chunks(5, height=32, width=32)  # 17 frames: 1, then 4 a laten
 FRAMES = sum(chunk.shape[2] for chunk in CHUNKS)
 
 
-def top_level_boxes(data: bytes) -> list[bytes]:
+def box_types(data: bytes) -> list[bytes]:
     """The types of the top-level boxes ``data`` is made of; fails unless it is whole boxes exactly."""
-    kinds, start = [], 0
-    while start < len(data):
-        size, kind = struct.unpack_from(">I4s", data, start)
-        assert size >= 8, f"a box of {size} bytes at {start}"
-        kinds.append(kind)
-        start += size
-    assert start == len(data), "the last box runs past the piece"
-    return kinds
+    return [kind for kind, _, _ in top_level_boxes(data)]
 
 
 def joined(pieces: Sequence[MP4Piece]) -> bytes:
@@ -64,7 +65,7 @@ async def streamed_pieces(chunks: Sequence[Any] = CHUNKS, **options: Any) -> lis
 
 async def test_a_fragmented_mp4_comes_as_whole_fragments_each_knowing_its_frames() -> None:
     pieces = await streamed_pieces()
-    kinds = [top_level_boxes(piece.data) for piece in pieces]
+    kinds = [box_types(piece.data) for piece in pieces]
     assert kinds[0] == [b"ftyp", b"moov", b"moof", b"mdat"]  # the header travels with the first fragment
     assert all(middle == [b"moof", b"mdat"] for middle in kinds[1:-1])
     assert kinds[-1] == [b"mfra"] and pieces[-1].frames == 0
@@ -101,7 +102,7 @@ async def test_a_plain_mp4_is_one_piece_with_every_frame() -> None:
     [piece] = pieces
     assert piece.frames == piece.frames_until == FRAMES
     assert read_mp4(piece.data).frames.shape[0] == FRAMES
-    assert top_level_boxes(piece.data)[:2] == [b"ftyp", b"moov"]  # faststart: the moov first
+    assert box_types(piece.data)[:2] == [b"ftyp", b"moov"]  # faststart: the moov first
     # it starts at a keyframe and lasts its frames; its moov is no init segment a fragment follows
     assert piece.keyframe and piece.duration == Fraction(FRAMES, 16) and piece.init_size == 0
 
@@ -142,8 +143,8 @@ async def test_pieces_say_where_a_player_can_start_how_long_they_last_and_where_
     mfra = pieces[-1]
     assert (mfra.frames, mfra.keyframe, mfra.duration, mfra.init_size) == (0, False, 0, 0)
     first = pieces[0]
-    assert top_level_boxes(first.data[: first.init_size]) == [b"ftyp", b"moov"]
-    assert top_level_boxes(first.data[first.init_size :]) == [b"moof", b"mdat"]
+    assert box_types(first.data[: first.init_size]) == [b"ftyp", b"moov"]
+    assert box_types(first.data[first.init_size :]) == [b"moof", b"mdat"]
     assert all(piece.init_size == 0 for piece in pieces[1:])
     # A player that joins at a keyframe piece: the init segment, then the pieces from there on, plays.
     init = first.data[: first.init_size]
@@ -164,7 +165,7 @@ async def test_an_audio_track_counts_in_no_pieces_duration_or_keyframe() -> None
     keyframes = keyframes_of(joined(pieces))
     video = [piece for piece in pieces if piece.frames]
     assert [piece.keyframe for piece in video] == [start in keyframes for start in first_frames(video)]
-    assert top_level_boxes(pieces[0].data[: pieces[0].init_size]) == [b"ftyp", b"moov"]
+    assert box_types(pieces[0].data[: pieces[0].init_size]) == [b"ftyp", b"moov"]
 
 
 async def test_read_entries_yields_every_entrys_pieces_with_pieces_true() -> None:
@@ -340,3 +341,14 @@ def test_a_run_without_first_sample_flags_takes_its_first_samples_own() -> None:
     cutter = FragmentCutter()
     (piece,) = cutter.feed(box(b"ftyp") + moov + moof + box(b"mdat"))
     assert (piece.frames, piece.keyframe, piece.duration) == (2, False, Fraction(6000, 90_000))
+
+
+def test_the_box_reader_takes_compact_64_bit_and_to_the_end_sizes() -> None:
+    compact = struct.pack(">I4s", 12, b"free") + b"abcd"
+    large = struct.pack(">I4sQ", 1, b"mdat", 20) + b"wxyz"
+    last = struct.pack(">I4s", 0, b"mdat") + b"rest"
+    data = compact + large + last
+    assert file_boxes(io.BytesIO(data)) == [(b"free", 0, 12), (b"mdat", 12, 20), (b"mdat", 32, 12)]
+    # Within a span, a box of size 0 (or one past the span's end) is no whole box: the list stops there.
+    assert box_children(data, 0, len(data)) == [(b"free", (8, 12)), (b"mdat", (28, 32))]
+    assert box_children(data, 0, 31) == [(b"free", (8, 12))]

@@ -1,4 +1,4 @@
-"""The pipelines that change their decoded video after ``vae.decode`` (issue 35, ``_transforms``): what each
+"""The pipelines that change their decoded video after ``vae.decode`` (``_transforms``): what each
 sends and when, checked against the pipeline's own code, and the branches the automatic test of
 tests/test_generate_every.py does not reach (a letterboxed Wan-Animate 2 image, a plan that does not match
 its pipeline, the frames a blending pipeline holds back)."""
@@ -17,10 +17,12 @@ from diffusers import HunyuanVideoFramepackPipeline
 from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_framepack import FramepackSamplingType
 
 from streamvae import read_entries
+from streamvae.models import as_decoder
+from streamvae.models.wan import WanChunkedDecoder
 from streamvae.pipelines import generate_mp4, stream_generation
 from streamvae.pipelines._capture import ClipSink
 from streamvae.pipelines._plans import Joined, PipelinePlan, plans
-from streamvae.pipelines._transforms import Framed, _BlendKeeper
+from streamvae.pipelines._transforms import BlendKeeper, Framed
 from tests._generate import (
     HANG_GUARD,
     LOSSLESS,
@@ -29,6 +31,7 @@ from tests._generate import (
     reference,
     steps_per_clip,
 )
+from tests._vaes import tiny_qwen_image, tiny_wan21, tiny_wan22
 from tests.pipelines import BUILDERS
 
 pytestmark = pytest.mark.anyio
@@ -87,12 +90,38 @@ async def test_a_joined_plan_that_does_not_match_its_pipeline_fails_before_a_byt
     received: list[bytes] = []
     with (
         anyio.fail_after(HANG_GUARD),
-        pytest.raises(RuntimeError, match="returned 3 placeholder frames where its plan makes 4"),
+        pytest.raises(RuntimeError, match="returned 9 placeholder frames where its plan makes 10"),
     ):
         async with stream_generation(pipe, fps=8, **make_kwargs()) as streams:
             async for _, data in read_entries(streams):
                 received.append(data)
     assert received == []
+
+
+@pytest.mark.parametrize("make_vae", [tiny_wan21, tiny_wan22, tiny_qwen_image])
+def test_the_wan_adapter_knows_the_frames_of_its_decode(make_vae: Callable[[], Any]) -> None:
+    # the count run_joined's placeholders and its end check use (1 + 4(T − 1))
+    vae = make_vae()
+    adapter = as_decoder(vae)
+    for latent_frames in (1, 2, 3):
+        z = torch.randn(1, vae.config.z_dim, latent_frames, 4, 4, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            frames = vae.decode(z).sample.shape[2]
+        assert adapter.output_frames(latent_frames) == frames == 1 + 4 * (latent_frames - 1)
+
+
+async def test_a_joined_wan_decode_that_sends_other_frames_than_its_plan_counts_fails_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A count one frame off for every decode: the pipeline's placeholders agree with the plan, and only the
+    # frames streamvae sent tell them apart (the end check, which runs for a Wan VAE).
+    pipe, make_kwargs = BUILDERS["chronoedit_temporal_reasoning"]()
+    monkeypatch.setattr(WanChunkedDecoder, "output_frames", lambda self, latent_frames: 4 * latent_frames)
+    with (
+        anyio.fail_after(HANG_GUARD),
+        pytest.raises(RuntimeError, match="returned 15 frames, but streamvae sent 9"),
+    ):
+        await generate_mp4(pipe, fps=8, **make_kwargs())
 
 
 # -- decode-once pipelines that drop frames or put frames in front --
@@ -191,14 +220,14 @@ def _as_output(video: torch.Tensor) -> torch.Tensor:
     return (video / 2 + 0.5).clamp(0, 1).permute(0, 2, 1, 3, 4)
 
 
-def _keeper(sampling: FramepackSamplingType, sent: _Sent) -> tuple[_BlendKeeper, _FakeFramepack]:
+def _keeper(sampling: FramepackSamplingType, sent: _Sent) -> tuple[BlendKeeper, _FakeFramepack]:
     plan = plans()["HunyuanVideoFramepackPipeline"]
     assert plan.blended is not None
     pipe = _FakeFramepack()
-    return _BlendKeeper(plan.blended, {"sampling_type": sampling}, pipe, sent.sink(), "test"), pipe
+    return BlendKeeper(plan.blended, {"sampling_type": sampling}, pipe, sent.sink(), "test"), pipe
 
 
-def _section(keeper: _BlendKeeper, section: torch.Tensor) -> None:
+def _section(keeper: BlendKeeper, section: torch.Tensor) -> None:
     keeper.start_section(1, (-1.0, 1.0))
     for piece in section.split(4, dim=2):
         keeper.take(piece)

@@ -9,14 +9,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import io
+import os
 import struct
+import threading
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import anyio
 import av
 import c2pa
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -24,8 +28,9 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 import streamvae
 from streamvae import ChunkedVideoMP4Session, Provenance, SigningError, decode_to_mp4
-from tests._c2pa import GENERATED, XMP_UUID, SigningChain, make_chain, read_manifest
-from tests._media import count_frames, wan_like_chunks, written_pieces
+from streamvae._encode import EntryEncoder
+from tests._c2pa import GENERATED, XMP_UUID, HungKMS, SigningChain, make_chain, read_manifest
+from tests._media import count_frames, top_level_boxes, wan_like_chunks, written_pieces
 from tests._vaes import latent, tiny_wan21
 
 pytestmark = pytest.mark.anyio
@@ -64,15 +69,6 @@ def assert_signed(data: bytes, chain: SigningChain, *, frames: int = FRAMES) -> 
     return manifest
 
 
-def top_level(data: bytes) -> list[tuple[bytes, int, int]]:
-    boxes, position = [], 0
-    while position + 8 <= len(data):
-        size, kind = struct.unpack_from(">I4s", data, position)
-        boxes.append((kind, position, size))
-        position += size
-    return boxes
-
-
 async def render(**options: Any) -> list[bytes]:
     async with ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, **options) as session:
         for chunk in wan_like_chunks(3, **SIZE):
@@ -100,7 +96,7 @@ async def test_decode_to_mp4_bytes_and_output_files_are_signed(
 async def test_signed_fragmented_mp4_keeps_its_fragment_index(provenance: Provenance) -> None:
     """Every ``tfra`` entry points at a ``moof`` of the signed file (c2pa-rs alone writes the last one's)."""
     (data,) = await render(output="fragmented", provenance=provenance)
-    boxes = top_level(data)
+    boxes = top_level_boxes(data)
     moofs = [offset for kind, offset, _ in boxes if kind == b"moof"]
     ((mfra, _),) = [(offset, size) for kind, offset, size in boxes if kind == b"mfra"]
     body = mfra + 16  # mfra's header, then tfra's
@@ -120,7 +116,7 @@ async def test_one_changed_mdat_byte_makes_the_signature_invalid(
     provenance: Provenance, chain: SigningChain
 ) -> None:
     (data,) = await render(provenance=provenance)
-    ((_, mdat, size),) = [box for box in top_level(data) if box[0] == b"mdat"]
+    ((_, mdat, size),) = [box for box in top_level_boxes(data) if box[0] == b"mdat"]
     changed = bytearray(data)
     changed[mdat + size // 2] ^= 0xFF
     manifest = read_manifest(bytes(changed), trust=chain.ca)
@@ -169,6 +165,11 @@ async def test_a_kms_signs_through_sign_with_or_a_c2pa_signer(chain: SigningChai
     )
     (data,) = await render(output="fragmented", provenance=Provenance(signer=signer))
     assert_signed(data, chain)
+    for ignored in ({"algorithm": "es384"}, {"timestamp_url": "http://timestamp.example"}):
+        with pytest.raises(
+            ValueError, match="provenance: algorithm= and timestamp_url= do not go with signer="
+        ):
+            Provenance(signer=signer, **ignored)
 
 
 @pytest.mark.parametrize("output", ["mp4", "fragmented"])
@@ -215,7 +216,9 @@ def test_what_is_not_a_certificate_or_a_key_is_refused(chain: SigningChain, tmp_
         Provenance(certificate_chain=b"not a certificate", private_key=chain.private_key)
     with pytest.raises(ValueError, match="provenance: private_key is not an unencrypted PEM private key"):
         Provenance(certificate_chain=chain.certificate_chain, private_key=chain.ca)
-    with pytest.raises(ValueError, match="provenance: certificate_chain could not be read from"):
+    with pytest.raises(
+        ValueError, match="provenance: certificate_chain must be PEM text .* could not be read from"
+    ):
         Provenance(certificate_chain=tmp_path / "missing.pem", private_key=chain.private_key)
     with pytest.raises(ValueError, match="provenance: algorithm must be one of"):
         Provenance(certificate_chain=chain.certificate_chain, private_key=chain.private_key, algorithm="md5")
@@ -230,6 +233,33 @@ def test_paths_are_read(chain: SigningChain, tmp_path: Path) -> None:
     provenance = Provenance(certificate_chain=str(chain_path), private_key=key_path)
     assert provenance.certificate_chain == chain.certificate_chain
     assert "PRIVATE KEY" not in repr(provenance)
+
+
+def test_pem_text_is_taken_as_pem_and_never_repeated(chain: SigningChain) -> None:
+    key = chain.private_key.decode()
+    provenance = Provenance(certificate_chain=chain.certificate_chain.decode(), private_key=key)
+    assert provenance.private_key == chain.private_key
+    # Key text that lost its BEGIN line is taken as a path, and the message does not repeat it.
+    body = key.split("\n", 1)[1]
+    with pytest.raises(ValueError, match="provenance: private_key must be PEM text") as raised:
+        Provenance(certificate_chain=chain.certificate_chain, private_key=body)
+    assert body.strip().splitlines()[0] not in str(raised.value)
+    assert "PRIVATE KEY" not in str(raised.value)
+
+
+def test_a_fifo_among_the_output_files_is_refused_with_provenance_and_left_alone(
+    provenance: Provenance, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "pipe.mp4"
+    os.mkfifo(fifo)
+    with pytest.raises(
+        ValueError, match=r"output_files\[1\] .*pipe\.mp4.* no regular file .* cannot be signed"
+    ):
+        ChunkedVideoMP4Session(
+            value_range=(-1.0, 1.0), fps=16, output_files=[tmp_path / "a.mp4", fifo], provenance=provenance
+        )
+    ChunkedVideoMP4Session(value_range=(-1.0, 1.0), fps=16, output_files=[fifo])  # unsigned: taken
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.mp4"]  # nothing written, the FIFO kept
 
 
 def test_the_session_option_takes_a_provenance_only(provenance: Provenance) -> None:
@@ -250,6 +280,57 @@ async def test_extra_assertions_are_in_the_manifest(chain: SigningChain) -> None
     assert {"label": "com.example.job", "data": {"id": "42"}} in active["assertions"]
     with pytest.raises(ValueError, match=r"provenance: assertions\[0\] must be a dict"):
         Provenance(certificate_chain=chain.certificate_chain, private_key=chain.private_key, assertions=["x"])
+
+
+# -- a cancel while a KMS hangs --
+
+
+@pytest.mark.parametrize("output", ["mp4", "fragmented"])
+def test_a_close_while_the_file_is_signed_keeps_the_old_file(
+    output: str, chain: SigningChain, tmp_path: Path
+) -> None:
+    """A cancelled session closes its encoder while finish() signs the file: the file is aborted, not
+    put in place, once the signer returns."""
+    path = tmp_path / "out.mp4"
+    path.write_bytes(b"old")
+    kms = HungKMS(chain)
+    encoder = EntryEncoder(fps=Fraction(16), output=output, file=path, provenance=kms.provenance())  # type: ignore[arg-type]
+    encoder.encode(np.zeros((FRAMES, 32, 48, 3), np.uint8))
+    finishing = threading.Thread(target=encoder.finish)
+    finishing.start()
+    try:
+        assert kms.entered.wait(60)
+        encoder.close()  # what a cancel does: it never waits for the call in flight
+        assert finishing.is_alive() and not kms.done.is_set()
+    finally:
+        kms.release.set()
+        finishing.join(60)
+    assert kms.done.is_set() and not finishing.is_alive()
+    assert path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4"]  # no .part left
+
+
+async def test_a_cancel_while_the_kms_hangs_leaves_at_once(chain: SigningChain) -> None:
+    """The kept MP4 is signed in a thread a cancel abandons: the session does not wait for the KMS."""
+    kms = HungKMS(chain)
+    provenance = kms.provenance()
+
+    async def cancel_once_signing(scope: anyio.CancelScope) -> None:
+        await anyio.to_thread.run_sync(kms.entered.wait, 60, abandon_on_cancel=True)
+        scope.cancel()
+
+    try:
+        with anyio.fail_after(60):
+            async with ChunkedVideoMP4Session(value_range=(-1, 1), fps=16, provenance=provenance) as session:
+                for chunk in wan_like_chunks(3, **SIZE):
+                    await session.push(chunk)
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as group:
+                        group.start_soon(cancel_once_signing, scope)
+                        await session.finish()
+            assert scope.cancelled_caught and not kms.done.is_set()  # left while the KMS still hung
+    finally:
+        kms.release.set()
 
 
 # -- streams carry the unsigned mark --
@@ -287,14 +368,14 @@ async def test_every_streams_init_segment_carries_the_xmp_mark_when_on(
                 pieces[entry].append(piece)
     for entry in pieces:
         init = init_segment(entry)
-        kinds = [kind for kind, _, _ in top_level(init)]
+        kinds = [kind for kind, _, _ in top_level_boxes(init)]
         data = b"".join(piece.data for piece in entry)
         assert count_frames(data) == FRAMES
         with av.open(io.BytesIO(data), options={"export_xmp": "1"}) as container:
             xmp = container.metadata.get("xmp")
         if on:
             assert kinds == [b"ftyp", b"moov", b"uuid"]  # after the moov: where FFmpeg reads it
-            assert init.index(XMP_UUID) == top_level(init)[2][1] + 8  # the uuid box is XMP's
+            assert init.index(XMP_UUID) == top_level_boxes(init)[2][1] + 8  # the uuid box is XMP's
             assert xmp is not None and GENERATED in xmp
         else:
             assert kinds == [b"ftyp", b"moov"]
@@ -318,6 +399,26 @@ async def test_a_marked_streams_pieces_are_its_output_file(provenance: Provenanc
     signed = path.read_bytes()
     assert read_manifest(signed)["validation_state"] == "Valid"
     assert XMP_UUID in signed and count_frames(signed) == FRAMES
+
+
+async def test_a_streamed_plain_mp4_is_signed_before_it_is_handed_on(
+    provenance: Provenance, chain: SigningChain, tmp_path: Path
+) -> None:
+    """``output="mp4"`` streams one piece, the complete file: signed, like the output file beside it."""
+    path = tmp_path / "out.mp4"
+    pieces = await written_pieces(
+        wan_like_chunks(3, **SIZE),
+        value_range=(-1, 1),
+        fps=16,
+        output="mp4",
+        output_files=[path],
+        provenance=provenance,
+    )
+    (piece,) = pieces
+    assert piece.frames == piece.frames_until == FRAMES and piece.keyframe
+    assert_signed(piece.data, chain)
+    assert_signed(path.read_bytes(), chain)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.mp4"]
 
 
 # -- a pipeline streamvae ran --

@@ -4,17 +4,23 @@ replay is the recording signed, and the bytes as streamed verify against a detac
 from __future__ import annotations
 
 import io
+import logging
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import anyio
 import c2pa
 import httpx
 import pytest
 from starlette.applications import Starlette
 
+from streamvae import MP4Piece
 from streamvae.server import create_app
-from tests._c2pa import GENERATED, XMP_UUID, SigningChain, make_chain, read_manifest
-from tests._media import count_frames
+from streamvae.server._hls import HLSTiming
+from streamvae.server._videos import VideoRegistry
+from tests._c2pa import GENERATED, XMP_UUID, HungKMS, SigningChain, make_chain, read_manifest
+from tests._media import count_frames, wan_like_chunks, written_pieces
 from tests._websocket import HANG, connect
 
 pytestmark = pytest.mark.anyio
@@ -114,3 +120,66 @@ async def test_without_provenance_no_mark_no_credentials() -> None:
         assert (await client.receive_json())["type"] == "video.start"
         _, done = await client.receive_until_done()
     assert "content_credentials" not in done
+
+
+# -- a signer that hangs --
+
+
+async def ended_video(
+    chain: SigningChain, tmp_path: Path, *, sign_timeout: float
+) -> tuple[VideoRegistry, HungKMS, list[MP4Piece]]:
+    kms = HungKMS(chain, wait=HANG)
+    registry = VideoRegistry(
+        timing=HLSTiming(part_target=Fraction(1, 4), target_duration=1, part_hold_back=Fraction(3, 4)),
+        keep_videos=4,
+        keep_bytes=1 << 26,
+        recording_dir=tmp_path,
+        stall_timeout=HANG,
+        provenance=kms.provenance(),
+        sign_timeout=sign_timeout,
+    )
+    pieces = await written_pieces(
+        wan_like_chunks(3, height=32, width=48), value_range=(-1, 1), fps=16, output="fragmented"
+    )
+    return registry, kms, pieces
+
+
+async def test_a_hung_signer_holds_no_viewer_and_the_signed_copy_is_swapped_in_after(
+    chain: SigningChain, tmp_path: Path
+) -> None:
+    registry, kms, pieces = await ended_video(chain, tmp_path, sign_timeout=HANG)
+    video = registry.open()
+    for piece in pieces:
+        video.broadcast.publish(piece)
+    streamed = video.broadcast.mp4_bytes()
+    with anyio.fail_after(HANG):
+        async with anyio.create_task_group() as group, video.broadcast.viewer(live_edge=False) as viewer:
+            group.start_soon(registry.end, video)
+            seen = b"".join([data async for data in viewer])  # ends while the KMS still hangs
+            assert video.broadcast.state == "ended" and not kms.done.is_set()
+            assert video.signed is None and video.credentials() is None
+            kms.release.set()
+    assert seen == streamed
+    assert video.signed is not None and video.manifest is not None
+    assert read_manifest(video.signed, trust=chain.ca)["validation_state"] == "Trusted"
+    assert detached_state(streamed, video.manifest, chain) == "Trusted"
+    assert (tmp_path / video.id / "video.mp4").read_bytes() == video.signed
+
+
+async def test_a_signer_past_its_time_leaves_the_replay_unsigned_and_says_so(
+    chain: SigningChain, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry, kms, pieces = await ended_video(chain, tmp_path, sign_timeout=0.2)
+    video = registry.open()
+    for piece in pieces:
+        video.broadcast.publish(piece)
+    with caplog.at_level(logging.ERROR, logger="streamvae.server"), anyio.fail_after(HANG):
+        await registry.end(video)
+    assert video.broadcast.state == "ended" and video.signed is None and video.credentials() is None
+    assert f"signing video {video.id}'s recording took over 0.2 seconds" in caplog.text
+    recording = (tmp_path / video.id / "video.mp4").read_bytes()
+    assert recording == video.broadcast.mp4_bytes()
+    assert c2pa.Reader.try_create("video/mp4", io.BytesIO(recording)) is None
+    kms.release.set()  # the abandoned signature ends; what it makes is dropped
+    await anyio.to_thread.run_sync(kms.done.wait, HANG)
+    assert video.signed is None

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_FPS",
+    "MAX_SEED",
     "MIN_FPS",
     "check_bool",
     "check_callable",
@@ -52,6 +53,8 @@ __all__ = [
 #: The frame rates a session accepts. Outside them the MP4 time base is not representable (1e-4 fps rounds
 #: to 0 with denominators up to 1001) or FFmpeg's muxer writes a file its own demuxer reads wrongly.
 MIN_FPS, MAX_FPS = Fraction(1, 1000), Fraction(1000)
+#: The largest seed ``torch.Generator.manual_seed`` takes: the server's ``seed`` and the CLI's ``--seed``.
+MAX_SEED = 2**64 - 1
 
 
 def prefixed(owner: str | None, message: str) -> str:

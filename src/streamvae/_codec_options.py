@@ -183,11 +183,24 @@ def quiet_encoder_logs(codec: str) -> None:
     SVT-AV1 prints a 20-line banner at every open, which floods a server's log (x265 does too, and is
     quieted through its options, :attr:`Rung.quiet`). SVT-AV1 takes no option for it: it reads ``SVT_LOG``
     once per process, at its first message, so this runs before every open and probe of it; a user who
-    wants its banner sets ``SVT_LOG=3``.
+    wants its banner sets ``SVT_LOG=3`` (before the first AV1 encoder opens).
+
+    A process setting, made once: the first call for the rung sets it, under a lock, and later ones
+    (from any encoder's worker thread) leave the environment alone — changing it while another thread's
+    encoder reads it (``getenv``) is a data race in C.
     """
     rung = video_rung(codec)
-    if rung is not None and rung.log_environment is not None:
-        os.environ.setdefault(*rung.log_environment)
+    if rung is None or rung.log_environment is None:
+        return
+    name, value = rung.log_environment
+    with _environment_lock:
+        if name not in _environment_set:
+            _environment_set.add(name)
+            os.environ.setdefault(name, value)
+
+
+_environment_lock = threading.Lock()
+_environment_set: set[str] = set()  # the variables quiet_encoder_logs has set (or found the user's)
 
 
 def refused_option(
@@ -264,7 +277,7 @@ ENCODER_PIXEL_FORMAT = "yuv420p"
 def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -> None:
     """Raise ValueError unless ``codec`` names a video encoder of this PyAV build that can write this
     library's video, and every key of ``options`` is an option that encoder has (FFmpeg would silently
-    ignore an unknown one), with a value it opens with (a test open; :func:`_refused_at_door`).
+    ignore an unknown one), with a value it opens with (a test open; :func:`_check_at_door`).
 
     It can when the MP4 muxer takes its stream and it takes :data:`ENCODER_PIXEL_FORMAT` frames, which
     every encoder is opened for: one that takes only RGB (``libx264rgb``, ``png``) would refuse to open
@@ -307,23 +320,25 @@ def check_video_codec(codec: object, options: Mapping[str, str] | None = None) -
             raise ValueError(f"video_codec_options: {codec} has no option {name!r}{hint}")
     checked = {name: value for name, value in (options or {}).items() if not name.endswith("-params")}
     if checked:
-        refusal = _refused_at_door(codec, tuple(checked.items()))
-        if refusal is not None:
-            raise ValueError(refusal)
+        _check_at_door(codec, tuple(checked.items()))
 
 
 @functools.lru_cache(maxsize=256)
-def _refused_at_door(codec: str, options: tuple[tuple[str, str], ...]) -> str | None:
+def _check_at_door(codec: str, options: tuple[tuple[str, str], ...]) -> None:
     """:func:`refused_option` for the user's ``options`` over the defaults, at a size every encoder takes:
-    a value FFmpeg refuses (``crf="banana"``) is an error here, not at the first frame. Once per process
-    and set of options: a server builds the same options for every request.
+    a value FFmpeg refuses (``crf="banana"``) is a ValueError here, not at the first frame. A pass is
+    remembered, once per process and set of options (a server builds the same options for every
+    request); a refusal is not (``lru_cache`` keeps no exception): a hardware encoder's test open may fail
+    for a GPU busy for now, and a refused request is no hot path.
 
     An encoder's own parameter list (``x264-params``, ``svtav1-params``...) is left to the open, which
     names a refusal as well: its parameters may depend on the frame size (x264's ``crop-rect``), which the
     door does not know.
     """
     given = dict(options)
-    return refused_option(codec, given, merge_codec_options(codec, given))
+    refusal = refused_option(codec, given, merge_codec_options(codec, given))
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def _try_instead() -> str:

@@ -124,6 +124,13 @@ def decode_stream(device: torch.device) -> Iterator[None]:
 
     One stream per worker thread and device, reused: a thread runs one decode at a time, and the caching
     allocator keeps its blocks per stream, so a fresh stream per decode would strand freed memory.
+
+    The ordering, both ways: the decode stream starts after what the caller's current stream has queued
+    (the latent's copy, the pipeline's denoising), and when the block exits — returned or raised — the
+    caller's current stream waits for everything queued on the decode stream. So whatever the caller does
+    next with the decoded frames on its own stream (a pipeline's ``torch.cat`` of a call's chunks, the
+    frames it reads back, a keeper's frames pushed after the decode) runs after they are written, with no
+    host wait. (Chunks published inside the block are ordered by the session's ready events instead.)
     """
     if device.type != "cuda":
         yield
@@ -132,10 +139,15 @@ def decode_stream(device: torch.device) -> Iterator[None]:
     stream = streams.get(device)
     if stream is None:
         stream = streams[device] = torch.cuda.Stream(device)
+    caller = torch.cuda.current_stream(device)
     # The latent was copied (or written by the caller) on another stream: start after it.
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.device(device), torch.cuda.stream(stream):
-        yield
+    stream.wait_stream(caller)
+    try:
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            yield
+    finally:
+        # The decoded frames are the caller's next: its stream starts after the decode's work.
+        caller.wait_stream(stream)
 
 
 # -- the latent check --

@@ -207,6 +207,10 @@ class FaststartTarget:
         return data, [piece]
 
 
+class _Aborted(Exception):
+    """Raised out of a signing commit that :meth:`EntryEncoder.close` aborted meanwhile (never escapes)."""
+
+
 def _target(output: OutputKind, fps: Fraction, fragment_frames: int, mark: bytes) -> OutputTarget:
     if output == "fragmented":
         return FragmentedTarget(fps, fragment_frames, mark)
@@ -423,15 +427,16 @@ class EntryEncoder:
     (``live_audio``) — is one stream muxed interleaved with the video as frames arrive, up to the video's
     time and never ahead of it, both tracks starting at 0; at :meth:`finish` it is trimmed or padded with
     silence to the video's duration (a session checks first that a live track is within one frame of it).
-    It is AAC at the waveform's rate (or the rate AAC takes nearest above it), or where this build has no
-    AAC encoder Opus at 48 kHz, resampled as it goes where the rate differs (the resampler's last samples
-    are flushed at :meth:`finish`, so the track still lasts the video's duration). With ``file``, the MP4
-    is also written to that path, which holds either the complete file (after :meth:`finish`) or what it
-    held before (see :class:`OutputFile`).
+    It is AAC at the waveform's rate (or the nearest rate above it that AAC takes; above 96 kHz, AAC's
+    highest, 96 kHz), or where this build has no AAC encoder Opus at 48 kHz, resampled as it goes where
+    the rate differs (the resampler's last samples are flushed at :meth:`finish`, so the track still
+    lasts the video's duration). With ``file``, the MP4 is also written to that path, which holds either
+    the complete file (after :meth:`finish`) or what it held before (see :class:`OutputFile`).
 
-    ``provenance``: the file is signed with its Content Credentials before it is put in place (a
-    :class:`streamvae.SigningError` leaves the path as it was), and fragmented output carries the unsigned
-    XMP mark (``_xmp``) after its ``moov``.
+    ``provenance``: a regular file is signed with its Content Credentials before it is put in place (a
+    :class:`streamvae.SigningError` leaves the path as it was; the options refuse a device or FIFO with
+    provenance), and fragmented output carries the unsigned XMP mark (``_xmp``) after its ``moov``. The
+    pieces of a plain MP4 are signed by the session (``_pipeline``), not here.
 
     :meth:`encode` and :meth:`finish` return the output as :class:`MP4Piece`, as the output's target
     (:class:`FragmentedTarget`, :class:`FaststartTarget`) cuts it: for fragmented output a piece per
@@ -509,6 +514,7 @@ class EntryEncoder:
         self._file: OutputFile | None = None
         self._closed = False  # finish() or close() was called: nothing opens or encodes any more
         self._in_call = False  # encode() or finish() is running: a close() meanwhile leaves it the release
+        self._aborted = False  # close() came while a call was in flight: finish() commits no file
         self._open_lock = threading.Lock()
         #: the thread :meth:`encode` and :meth:`finish` run in (started at the first call, ended by a close)
         self.worker = EncoderWorker(f"streamvae encoder ({video_codec})")
@@ -701,13 +707,27 @@ class EntryEncoder:
         target, self._target = self._target, None  # handed over: keep no copy
         pieces = self._hand_on(*target.finish(self.frames_encoded))
         if self._file is not None:
-            # The file appears at its path, complete (and signed), only now.
-            self._file.commit(sign=None if self._provenance is None else self._sign_file)
+            self._commit(self._file)
         return pieces
+
+    def _commit(self, file: OutputFile) -> None:
+        """The file appears at its path, complete (and signed), only now — unless :meth:`close` came while
+        this call was in flight (a cancelled session): then it is aborted, ``path`` keeps what it had and
+        no ``.part`` is left. Checked before the commit and again once signed (a slow KMS is where a cancel
+        lands); a close in the last fsync and rename finds the complete file in place."""
+        with self._open_lock:
+            if self._aborted:
+                file.abort()
+                return
+        with contextlib.suppress(_Aborted):  # the commit removed both temporary files
+            file.commit(sign=None if self._provenance is None else self._sign_file)
 
     def _sign_file(self, source: Path, destination: Path) -> None:
         assert self._provenance is not None
         self._provenance.sign_file(source, destination, what=f"the output file {str(self.file)!r}")
+        with self._open_lock:
+            if self._aborted:
+                raise _Aborted
 
     def close(self) -> None:
         """Close the container without finishing (abort); the output file's path keeps what it had before
@@ -718,7 +738,9 @@ class EntryEncoder:
         """
         with self._open_lock:
             self._closed = True
-            if not self._in_call:
+            if self._in_call:
+                self._aborted = True  # a finish() in flight aborts its file instead of committing it
+            else:
                 self._release()
         self.worker.stop()
 

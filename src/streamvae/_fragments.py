@@ -24,13 +24,13 @@ import struct
 from dataclasses import dataclass
 from fractions import Fraction
 
+from streamvae._boxes import HEADER as _HEADER
+from streamvae._boxes import box_children, box_header
 from streamvae._public import public
 from streamvae._xmp import shift_fragment_index
 
 __all__ = ["FragmentCutter", "MP4Piece", "codec_string"]
 
-_HEADER = struct.Struct(">I4s")
-_LARGE_SIZE = struct.Struct(">Q")
 #: the track of the video: streamvae adds the video stream first, so the muxer numbers it 1
 _VIDEO_TRACK = 1
 _U32 = struct.Struct(">I")
@@ -152,21 +152,18 @@ class FragmentCutter:
     def _next_box(self) -> tuple[bytes, int] | None:
         """The type and size of the box after the scanned ones, if it is all in the buffer."""
         start, available = self._scanned, len(self._buffer) - self._scanned
-        if available < _HEADER.size:
+        header = box_header(self._buffer, start, len(self._buffer))
+        if header is None:
             return None
-        size, kind = _HEADER.unpack_from(self._buffer, start)
-        if size == 1:  # a 64-bit size follows the type
-            if available < _HEADER.size + _LARGE_SIZE.size:
-                return None
-            size = _LARGE_SIZE.unpack_from(self._buffer, start + _HEADER.size)[0]
-        elif size == 0:
+        kind, header_size, size = header
+        if size == 0:
             return None  # the box runs to the end of the file: it ends with the file (rest())
-        if size < _HEADER.size:
+        if size < header_size:
             raise ValueError(
                 f"FragmentCutter.feed: the box at byte {self._cut_bytes + start} of the file claims {size} "
                 "bytes, less than its own header: these bytes are not an MP4"
             )
-        return (bytes(kind), int(size)) if size <= available else None
+        return (kind, size) if size <= available else None
 
     def _cut(self, fragment: _Fragment) -> MP4Piece:
         data = bytes(self._buffer[: self._scanned])
@@ -190,11 +187,11 @@ class FragmentCutter:
 def _video_track(moov: bytes) -> _VideoTrack | None:
     """The video track's timescale (trak/mdia/mdhd) and fragment defaults (mvex/trex); None without one."""
     timescale, defaults = None, (0, 0)
-    for kind, span in _children(moov, _HEADER.size, len(moov)):
+    for kind, span in box_children(moov, _HEADER.size, len(moov)):
         if kind == b"trak" and _track_id(moov, span) == _VIDEO_TRACK:
             timescale = _timescale(moov, span)
         elif kind == b"mvex":
-            for child, (body, end) in _children(moov, *span):
+            for child, (body, end) in box_children(moov, *span):
                 # trex: version and flags, track, sample description index, then the defaults
                 if (
                     child == b"trex"
@@ -207,7 +204,7 @@ def _video_track(moov: bytes) -> _VideoTrack | None:
 
 def _track_id(moov: bytes, trak: tuple[int, int]) -> int | None:
     """A track's id, from its ``tkhd`` (after version 1's 64-bit times or version 0's 32-bit ones)."""
-    for kind, (body, end) in _children(moov, *trak):
+    for kind, (body, end) in box_children(moov, *trak):
         if kind == b"tkhd" and end - body >= 24:
             return int(_U32.unpack_from(moov, body + (20 if moov[body] == 1 else 12))[0])
     return None
@@ -215,10 +212,10 @@ def _track_id(moov: bytes, trak: tuple[int, int]) -> int | None:
 
 def _timescale(moov: bytes, trak: tuple[int, int]) -> int | None:
     """The units per second of a track's sample durations, from its ``mdhd``."""
-    for kind, mdia in _children(moov, *trak):
+    for kind, mdia in box_children(moov, *trak):
         if kind != b"mdia":
             continue
-        for child, (body, end) in _children(moov, *mdia):
+        for child, (body, end) in box_children(moov, *mdia):
             if child == b"mdhd" and end - body >= 24:
                 return int(_U32.unpack_from(moov, body + (20 if moov[body] == 1 else 12))[0])
     return None
@@ -238,10 +235,10 @@ def _video_fragment(moof: bytes, video: _VideoTrack | None) -> _Fragment:
     """What ``moof``'s track runs (``trun``) say of the video track's samples: their count, the sum of
     their durations, and whether the first is a sync sample."""
     fragment = _Fragment()
-    for kind, traf in _children(moof, _HEADER.size, len(moof)):
+    for kind, traf in box_children(moof, _HEADER.size, len(moof)):
         if kind != b"traf":
             continue
-        boxes = _children(moof, *traf)
+        boxes = box_children(moof, *traf)
         tfhd = next((span for child, span in boxes if child == b"tfhd"), None)
         if tfhd is None or _U32.unpack_from(moof, tfhd[0] + 4)[0] != _VIDEO_TRACK:
             continue
@@ -290,18 +287,6 @@ def _with_run(fragment: _Fragment, moof: bytes, body: int, duration: int, flags:
     return _Fragment(fragment.samples + count, fragment.ticks + ticks, keyframe)
 
 
-def _children(data: bytes, start: int, end: int) -> list[tuple[bytes, tuple[int, int]]]:
-    """The boxes between ``start`` and ``end``: each one's type and the span of its body."""
-    boxes = []
-    while start + _HEADER.size <= end:
-        size, kind = _HEADER.unpack_from(data, start)
-        if size < _HEADER.size or start + size > end:
-            break  # not a box this reader knows: count nothing from it
-        boxes.append((kind, (start + _HEADER.size, start + size)))
-        start += size
-    return boxes
-
-
 # -- the codec string of the init segment --
 
 
@@ -315,7 +300,7 @@ def codec_string(data: bytes) -> str | None:
     write. None without a ``moov``, or if a track has another codec (HEVC, which few browsers play from
     MSE, among them): a partial string would make a player refuse the tracks it leaves out.
     """
-    for kind, (body, end) in _children(data, 0, len(data)):
+    for kind, (body, end) in box_children(data, 0, len(data)):
         if kind == b"moov":
             return _moov_codecs(data[body - _HEADER.size : end])
     return None
@@ -323,7 +308,7 @@ def codec_string(data: bytes) -> str | None:
 
 def _moov_codecs(moov: bytes) -> str | None:
     codecs = []
-    for kind, trak in _children(moov, _HEADER.size, len(moov)):
+    for kind, trak in box_children(moov, _HEADER.size, len(moov)):
         if kind != b"trak":
             continue
         entry = _sample_entry(moov, trak)
@@ -338,7 +323,7 @@ def _sample_entry(data: bytes, trak: tuple[int, int]) -> tuple[bytes, int, int] 
     """The type and span (from its header) of a track's first sample entry: trak/mdia/minf/stbl/stsd."""
     span = trak
     for name in (b"mdia", b"minf", b"stbl", b"stsd"):
-        found = next((child for kind, child in _children(data, *span) if kind == name), None)
+        found = next((child for kind, child in box_children(data, *span) if kind == name), None)
         if found is None:
             return None
         span = found
@@ -359,7 +344,7 @@ def _entry_codec(data: bytes, kind: bytes, start: int, end: int) -> str | None:
     if kind == b"Opus":
         return "opus"
     offset = _AUDIO_CHILDREN if kind == b"mp4a" else _VISUAL_CHILDREN
-    boxes = {child: data[body:stop] for child, (body, stop) in _children(data, start + offset, end)}
+    boxes = {child: data[body:stop] for child, (body, stop) in box_children(data, start + offset, end)}
     if kind in (b"avc1", b"avc3") and len(boxes.get(b"avcC", b"")) >= 4:
         return f"{kind.decode()}.{boxes[b'avcC'][1:4].hex()}"
     if kind == b"av01" and len(boxes.get(b"av1C", b"")) >= 3:

@@ -85,11 +85,13 @@ class SessionOptions:
     - ``chunk_transform``: a function applied to each chunk on its device before it is quantized, and
       whose output is what is encoded: a float BCTHW chunk in ``value_range`` in (after ``crop``), a tensor
       of the same shape, on the same device, in the same range out. It runs in the prepare stage's worker
-      thread (never on the event loop), after the chunk's CUDA work is done and under ``torch.no_grad``;
-      it sees every frame once, in order, chunk by chunk as they are pushed. It is where an imperceptible
-      watermark (VideoSeal's ``embed``), an overlay or a colour grade plugs in. Its exception is the
-      session's first cause; an output of another shape, device or a non-float tensor is a ValueError
-      naming it.
+      thread (never on the event loop), under ``torch.no_grad``, with the prepare stage's CUDA stream
+      current: that stream has waited for the work that made the chunk, so work the transform queues on
+      the current stream runs after it; a transform that uses CUDA streams of its own must order them
+      against the current one itself. It sees every frame once, in order, chunk by chunk as they are
+      pushed. It is where an imperceptible watermark (VideoSeal's ``embed``), an overlay or a colour grade
+      plugs in. Its exception is the session's first cause; an output that is not a tensor is a TypeError,
+      one of another shape, device or a non-float tensor a ValueError, each naming it.
     - ``transfer_slots``: depth of the host-slot ring; ``0`` selects a plain blocking copy per group.
     - ``video_codec`` / ``video_codec_options``: an FFmpeg video encoder of this PyAV build and its options
       (names it does not have are refused), merged over its defaults. Each encoder streamvae configures
@@ -209,7 +211,8 @@ class SessionOptions:
         elif self.audio_sample_rate is not None:
             _check_sample_rate(self.audio_sample_rate)
         if self.output_files is not None:
-            fix("output_files", tuple(check_output_files(self.output_files)))
+            signed = self.provenance is not None
+            fix("output_files", tuple(check_output_files(self.output_files, signed=signed)))
         check_bool("record_timeline", self.record_timeline)
         check_limiter("encode_limiter", self.encode_limiter)
         check_provenance(self.provenance)
@@ -298,7 +301,10 @@ def _check_audio(waveforms: object, sample_rate: object) -> tuple[Waveform | Non
     if isinstance(waveforms, (Tensor, np.ndarray)) or not isinstance(waveforms, Sequence):
         raise ValueError("audio_waveforms must be a sequence with one waveform (or None) per batch entry")
     if sample_rate is None:
-        raise ValueError("audio_sample_rate must be a positive int when audio_waveforms is given, got None")
+        raise ValueError(
+            f"audio_sample_rate must be an int from {_SAMPLE_RATES[0]} to {_SAMPLE_RATES[1]} Hz when "
+            f"audio_waveforms is given, got None"
+        )
     _check_sample_rate(sample_rate)
     return tuple(
         None if w is None else check_waveform(w, name=f"audio_waveforms[{i}]")
@@ -325,7 +331,10 @@ def _check_live_audio(channels: object, sample_rate: object, waveforms: object) 
     if not is_int(channels) or channels not in (1, 2):
         raise ValueError(f"audio_channels must be 1 (mono) or 2 (stereo), got {channels!r}")
     if sample_rate is None:
-        raise ValueError("audio_sample_rate must be a positive int when audio_channels is given, got None")
+        raise ValueError(
+            f"audio_sample_rate must be an int from {_SAMPLE_RATES[0]} to {_SAMPLE_RATES[1]} Hz when "
+            f"audio_channels is given, got None"
+        )
     _check_sample_rate(sample_rate)
 
 

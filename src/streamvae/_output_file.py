@@ -4,7 +4,9 @@ A regular file (new or existing) is written to a temporary ``<name>.part`` besid
 ``os.replace`` only once the container closed cleanly, so a failed or cancelled session, or one whose last
 write hits a full disk, leaves whatever was at the path before — byte for byte — and removes only the
 temporary file. Anything else at the path (a character device, a FIFO) is no file to replace and not ours to
-remove: it is written directly and left in place.
+remove: it is written directly and left in place. With ``provenance=`` it is refused when the options are
+built (:func:`check_output_files` with ``signed``): written as the bytes come, it holds nothing to sign once
+the last one is written, and an unsigned output would be lost without a word.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ _CREATE_FLAGS = _WRITE_FLAGS | os.O_CREAT | os.O_EXCL
 _NAME_ATTEMPTS = 16
 
 
-def check_output_files(paths: object) -> list[Path]:
+def check_output_files(paths: object, *, signed: bool = False) -> list[Path]:
     """``paths`` as one :class:`~pathlib.Path` per batch entry, checked before any work starts.
+
+    ``signed`` (the session has ``provenance``): a device or FIFO among them is a ValueError, since a file
+    written as its bytes come cannot be signed once they are all there.
 
     ValueError for a single path (a ``str`` would otherwise be one path per character), an element that is
     not ``str`` / ``os.PathLike``, or two entries naming the same file; and the ``OSError`` that
@@ -61,8 +66,14 @@ def check_output_files(paths: object) -> list[Path]:
                 f"are the same file {resolved!r}: each batch entry needs its own path"
             )
         seen[resolved] = entry
-    for path in checked:
+    for entry, path in enumerate(checked):
         _check_writable(path)
+        status = _stat_or_none(path)
+        if signed and status is not None and not stat.S_ISREG(status.st_mode):
+            raise ValueError(
+                f"output_files[{entry}] ({str(path)!r}) is no regular file (a device or a FIFO): written as "
+                "the MP4 is made, it cannot be signed once it is; with provenance=, give a regular file path"
+            )
     return checked
 
 

@@ -33,7 +33,7 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -61,11 +61,12 @@ __all__ = ["StagePipeline", "StageSpan"]
 
 def _transformed(transform: Callable[[Tensor], Tensor], chunk: Tensor) -> Tensor:
     """Worker thread: ``chunk_transform``'s output for ``chunk``, checked to be what can be quantized in
-    its place (its own exception goes up as it is: the session's first cause)."""
+    its place — a TypeError for what is not a tensor, a ValueError for a tensor of another shape, device
+    or dtype (its own exception goes up as it is: the session's first cause)."""
     with torch.no_grad():
         out = transform(chunk)
     if not isinstance(out, Tensor):
-        raise ValueError(
+        raise TypeError(
             f"chunk_transform must return a tensor of the chunk's shape {tuple(chunk.shape)}, "
             f"got {type(out).__name__}"
         )
@@ -463,13 +464,26 @@ class StagePipeline:
                     await self._hand_on(entry, pieces)
                 with self._span(f"encode[{entry}]"):
                     pieces = await encoder.worker.run(encoder.finish, limiter=limiter)
-                await self._hand_on(entry, pieces)
-                provenance = self._options.provenance
-                if provenance is not None and sink.stream is None:
-                    # The kept MP4 is complete: what finish() returns is it, signed (a streamed one left).
+                provenance, what = self._options.provenance, f"entry {entry}'s MP4"
+                if provenance is not None and self._options.output == "mp4":
+                    # A plain MP4 is one piece, complete: signed before it is handed on, streamed or kept.
+                    (piece,) = pieces
                     with self._span(f"encode[{entry}]"):
-                        sign = partial(provenance.sign, sink.getvalue(), what=f"entry {entry}'s MP4")
-                        signed = await anyio.to_thread.run_sync(sign, limiter=limiter)
+                        data = await anyio.to_thread.run_sync(
+                            partial(provenance.sign, piece.data, what=what),
+                            limiter=limiter,
+                            abandon_on_cancel=True,  # a hung KMS must not hold a cancelled session
+                        )
+                    pieces = [replace(piece, data=data)]
+                await self._hand_on(entry, pieces)
+                if provenance is not None and self._options.output != "mp4" and sink.stream is None:
+                    # The kept fragmented MP4 is complete: signed whole (a streamed one left marked).
+                    with self._span(f"encode[{entry}]"):
+                        signed = await anyio.to_thread.run_sync(
+                            partial(provenance.sign, sink.getvalue(), what=what),
+                            limiter=limiter,
+                            abandon_on_cancel=True,  # a hung KMS must not hold a cancelled session
+                        )
                     sink.parts[:] = [signed]
                 sink.complete()
         except Exception as error:
@@ -479,7 +493,9 @@ class StagePipeline:
         finally:
             sink.close()
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(encoder.close, limiter=limiter)
+                # Not on the encode budget: a signature abandoned on trio holds its token until the
+                # signer returns, and close() waits for nothing.
+                await anyio.to_thread.run_sync(encoder.close, limiter=anyio.CapacityLimiter(1))
 
     async def _hand_on(self, entry: int, pieces: list[MP4Piece]) -> None:
         """Give ``pieces`` to the entry's sink, each piece's frames recorded as out once it is taken (the

@@ -32,23 +32,21 @@ import datetime
 import io
 import json
 import os
-import struct
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from streamvae._boxes import file_boxes
 from streamvae._errors import SigningError
 from streamvae._public import public
+from streamvae._xmp import DIGITAL_SOURCE_TYPE, shift_fragment_index, streamvae_version
 
 if TYPE_CHECKING:
     import c2pa
 
-__all__ = ["DIGITAL_SOURCE_TYPE", "Provenance", "check_provenance", "streamvae_version"]
+__all__ = ["Provenance", "check_provenance"]
 
-#: The IPTC digital source type of media made by a trained model (what a ``c2pa.created`` action and the
-#: stream's XMP mark say).
-DIGITAL_SOURCE_TYPE = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
 _ALGORITHMS = ("es256", "es384", "es512", "ps256", "ps384", "ps512", "ed25519")
 _MP4 = "video/mp4"
 # The smallest asset c2pa signs: the trial signature that proves a chain, a key and an algorithm sign.
@@ -57,23 +55,25 @@ _TRIAL_FORMAT = "image/svg+xml"
 _OWNER = "provenance"
 
 
-def streamvae_version() -> str:
-    """streamvae's version, as a manifest's software agent and the XMP mark name it."""
-    import streamvae
-
-    return streamvae.__version__
-
-
 def _pem(value: object, name: str) -> bytes:
-    """PEM bytes as given (``bytes``), or read from a path (``str`` / ``os.PathLike``)."""
+    """PEM bytes as given (``bytes``, or a ``str`` of PEM text), or read from a path (``str``, ``PathLike``).
+
+    A message never repeats the value: it may be a private key.
+    """
     if isinstance(value, (bytes, bytearray)):
         return bytes(value)
+    if isinstance(value, str) and value.lstrip().startswith("-----BEGIN"):
+        return value.encode("ascii", errors="replace")
     if isinstance(value, (str, os.PathLike)):
         try:
             return Path(value).read_bytes()
-        except OSError as error:
+        except (OSError, ValueError) as error:
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else "not a usable path"
+            # A str is not repeated: it may be key text that lost its "-----BEGIN" line.
+            where = f"from {os.fspath(value)!r}" if isinstance(value, os.PathLike) else "as a path"
             raise ValueError(
-                f"{_OWNER}: {name} could not be read from {str(value)!r}: {error.strerror}"
+                f"{_OWNER}: {name} must be PEM text (starting with '-----BEGIN') or the path of a PEM "
+                f"file; it could not be read {where}: {reason}"
             ) from None
     raise ValueError(
         f"{_OWNER}: {name} must be PEM bytes or the path of a PEM file, got {type(value).__name__}"
@@ -86,7 +86,7 @@ class Provenance:
     """Content Credentials for every complete output: the ``provenance=`` session option.
 
     Built from a PEM certificate chain (the signing certificate first, then its issuers) and its PEM
-    private key, each as bytes or as the path of a file::
+    private key, each as bytes, as PEM text (a ``str`` starting ``-----BEGIN``) or as the path of a file::
 
         Provenance(certificate_chain="chain.pem", private_key="key.pem")
 
@@ -95,7 +95,8 @@ class Provenance:
     function of the bytes to sign that returns the signature (ES256: the raw ``r || s``), in place of
     ``private_key``: ``Provenance(certificate_chain="chain.pem", sign_with=kms_sign)``; what it raises is
     the cause of the :class:`streamvae.SigningError`. Or around a ``c2pa.Signer`` you built yourself:
-    ``Provenance(signer=signer)`` (c2pa then reports a failing callback only as an invalid signature).
+    ``Provenance(signer=signer)``, alone: its algorithm and timestamp server are the signer's (c2pa then
+    reports a failing callback only as an invalid signature).
 
     ``assertions``: extra C2PA assertions for every manifest, each a dict with ``label`` and ``data``
     (``{"label": "com.example.job", "data": {"id": "42"}}``).
@@ -104,6 +105,11 @@ class Provenance:
     ``provenance`` and the reason — not a certificate, not a key, a key that is not the certificate's, a
     certificate outside its validity dates — found with a trial signature of a tiny asset, before any
     decode. Needs the ``provenance`` extra (``pip install streamvae[provenance]``).
+
+    What is signed: the MP4 a session returns, a plain MP4's one streamed piece, and every regular file
+    among ``output_files`` (a device or a FIFO there is refused: written as the bytes come, it could not be
+    signed once they are all there). Not signed: a fragmented stream (sent before it ends: it carries the
+    unsigned XMP mark).
     """
 
     certificate_chain: bytes | str | os.PathLike[str] | None = dataclasses.field(default=None, repr=False)
@@ -130,6 +136,13 @@ class Provenance:
                 raise ValueError(
                     f"{_OWNER}: pass signer= alone, or certificate_chain= with private_key= or sign_with= "
                     "(a signer holds its own certificates and key)"
+                )
+            # The default algorithm is all one can say of one not given (a dataclass field has no unset).
+            if self.algorithm != "es256" or self.timestamp_url is not None:
+                raise ValueError(
+                    f"{_OWNER}: algorithm= and timestamp_url= do not go with signer= (a c2pa.Signer is built "
+                    "with its own algorithm and timestamp server), got "
+                    f"algorithm={self.algorithm!r}, timestamp_url={self.timestamp_url!r}"
                 )
             if not _is_signer(self.signer):
                 raise TypeError(f"{_OWNER}: signer must be a c2pa.Signer, got {type(self.signer).__name__}")
@@ -314,25 +327,6 @@ class Provenance:
             signer.close()
 
 
-def _top_level_boxes(file: BinaryIO) -> list[tuple[bytes, int, int]]:
-    """(type, offset, size) of each top-level box of a seekable MP4, read header by header."""
-    boxes, position = [], 0
-    end = file.seek(0, io.SEEK_END)
-    while position + 8 <= end:
-        file.seek(position)
-        header = file.read(16)
-        size, kind = struct.unpack_from(">I4s", header)
-        if size == 1 and len(header) == 16:
-            size = struct.unpack_from(">Q", header, 8)[0]
-        elif size == 0:
-            size = end - position
-        if size < 8:
-            break
-        boxes.append((bytes(kind), position, size))
-        position += size
-    return boxes
-
-
 def _repair_fragment_index(source: BinaryIO, signed: BinaryIO) -> None:
     """Put the fragment index (``mfra``) of a signed fragmented MP4 right: the source's, its ``moof``
     offsets moved by what signing inserted before the fragments.
@@ -341,7 +335,7 @@ def _repair_fragment_index(source: BinaryIO, signed: BinaryIO) -> None:
     ``mfra`` is outside the BMFF hash (C2PA excludes it), so mending it keeps the signature valid. A file
     without an ``mfra`` (a plain MP4), or one whose index changed size, is left as it is.
     """
-    before, after = _top_level_boxes(source), _top_level_boxes(signed)
+    before, after = file_boxes(source), file_boxes(signed)
     moof_before = next((offset for kind, offset, _ in before if kind == b"moof"), None)
     moof_after = next((offset for kind, offset, _ in after if kind == b"moof"), None)
     mfra_before = next(((offset, size) for kind, offset, size in before if kind == b"mfra"), None)
@@ -350,8 +344,6 @@ def _repair_fragment_index(source: BinaryIO, signed: BinaryIO) -> None:
         return
     if mfra_before[1] != mfra_after[1]:
         return
-    from streamvae._xmp import shift_fragment_index
-
     source.seek(mfra_before[0])
     index = shift_fragment_index(source.read(mfra_before[1]), moof_after - moof_before)
     signed.seek(mfra_after[0])

@@ -13,13 +13,22 @@ from __future__ import annotations
 
 import struct
 
-from streamvae._provenance import DIGITAL_SOURCE_TYPE, streamvae_version
+from streamvae._boxes import HEADER, box_children
 
-__all__ = ["XMP_UUID", "shift_fragment_index", "xmp_mark"]
+__all__ = ["DIGITAL_SOURCE_TYPE", "XMP_UUID", "shift_fragment_index", "streamvae_version", "xmp_mark"]
 
+#: IPTC's digital source type of media a trained model made: what every output's ``c2pa.created``
+#: action (:mod:`streamvae._provenance`) and every stream's XMP mark say
+DIGITAL_SOURCE_TYPE = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"
 #: The ``uuid`` of an XMP box (Adobe XMP Specification Part 3, 1.1.4)
 XMP_UUID = bytes.fromhex("BE7ACFCB97A942E89C71999491E3AFAC")
-_HEADER = struct.Struct(">I4s")
+
+
+def streamvae_version() -> str:
+    """streamvae's version, as a manifest's software agent and the XMP mark name it."""
+    import streamvae
+
+    return streamvae.__version__
 
 
 def xmp_mark() -> bytes:
@@ -36,28 +45,18 @@ def xmp_mark() -> bytes:
         '<?xpacket end="r"?>'
     ).encode()
     body = XMP_UUID + packet
-    return _HEADER.pack(_HEADER.size + len(body), b"uuid") + body
+    return HEADER.pack(HEADER.size + len(body), b"uuid") + body
 
 
 def shift_fragment_index(data: bytes, shift: int) -> bytes:
     """``data`` (whole top-level boxes: what follows the last fragment) with every ``moof`` offset of its
     ``mfra``'s ``tfra`` boxes moved by ``shift`` bytes (ISO/IEC 14496-12 8.8.10); other boxes unchanged."""
     out = bytearray(data)
-    position = 0
-    while position + _HEADER.size <= len(out):
-        size, kind = _HEADER.unpack_from(out, position)
-        if size < _HEADER.size or position + size > len(out):
-            break
+    for kind, (body, end) in box_children(out, 0, len(out)):
         if kind == b"mfra":
-            child = position + _HEADER.size
-            while child + _HEADER.size <= position + size:
-                child_size, child_kind = _HEADER.unpack_from(out, child)
-                if child_size < _HEADER.size:
-                    break
-                if child_kind == b"tfra":
-                    _shift_tfra(out, child + _HEADER.size, shift)
-                child += child_size
-        position += size
+            for child, (child_body, _) in box_children(out, body, end):
+                if child == b"tfra":
+                    _shift_tfra(out, child_body, shift)
     return bytes(out)
 
 

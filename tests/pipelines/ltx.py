@@ -655,7 +655,7 @@ def echo_modular() -> tuple[Pipeline, MakeKwargs]:
 
 # ---------------------------------------------------------------------------------------------------------
 # LTX-2.5's diffusion decoder (LTX2VideoDiffusionDecodePipeline, the modular LTX25AutoBlocks): the video made
-# by a diffusion model in place of vae.decode (issue 35, group C6)
+# by a diffusion model in place of vae.decode
 # ---------------------------------------------------------------------------------------------------------
 
 #: diffusers' tiny diffusion decoder (tests/pipelines/ltx2/test_ltx2_diffusion_decode.py) at 8× in space

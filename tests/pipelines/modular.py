@@ -515,8 +515,6 @@ def minimax_h3_modular() -> tuple[Pipeline, MakeKwargs]:
     return pipe, call_kwargs(_minimax_prompt, height=16, width=16, num_frames=124)
 
 
-# -- issue 35, group C5 (Wan and Helios blocks): builders below this line --
-
 # ---------------------------------------------------------------------------------------------------------
 # Wan 2.2 A14B image to video and VACE (Wan22Image2VideoBlocks, Wan22VaceBlocks): one decode after the loop
 # ---------------------------------------------------------------------------------------------------------

@@ -408,9 +408,6 @@ def anyflow() -> tuple[Pipeline, MakeKwargs]:
     return pipe, video_kwargs(16, 6.0, prompt_pair(WAN_TEXT_DIM))
 
 
-# -- issue 35, group C2 (the transformations after vae.decode): builders below this line --
-
-
 @builder(frames=(2, 9, 16, 16, 3), latents=(2, 16, 3, 2, 2))
 def motif_video_batches() -> tuple[Pipeline, MakeKwargs]:
     """:func:`motif_video`'s pipe making 2 videos (``num_videos_per_prompt`` 2) with ``vae_batch_size`` 1:
@@ -437,9 +434,6 @@ def chronoedit_temporal_reasoning() -> tuple[Pipeline, MakeKwargs]:
         return make_kwargs(**{**reasoning, **overrides})
 
     return pipe, make_reasoning
-
-
-# -- issue 35, group C5 (Wan-based pipelines): builders below this line --
 
 
 @builder(frames=(1, 9, 16, 16, 3), latents=(1, 16, 3, 2, 2))

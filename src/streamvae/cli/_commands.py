@@ -67,11 +67,13 @@ def _provenance(args: argparse.Namespace) -> Any:
         raise CliError("--sign-cert and --sign-key go together: the certificate chain and its private key")
     try:
         from streamvae import Provenance
+
+        # Provenance imports c2pa as it is built: a missing extra is found here, not on import.
+        return Provenance(certificate_chain=args.sign_cert, private_key=args.sign_key)
     except ImportError as error:
         raise CliError(
             f"--sign-cert needs c2pa-python: pip install 'streamvae[provenance]' ({error})"
         ) from error
-    return Provenance(certificate_chain=args.sign_cert, private_key=args.sign_key)
 
 
 def demo_job(args: argparse.Namespace) -> DecodeJob:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
@@ -26,9 +25,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``streamvae: error: …`` line on stderr, and 130 for Ctrl-C, reported as ``streamvae: interrupted``
     once the decode has stopped (its partial outputs removed, files that were there before untouched);
     SIGTERM stops it the same way, reported as ``streamvae: terminated``, 143."""
-    # SVT-AV1 prints a 17-line banner at every open, between the progress bar's lines: errors only. The
-    # command owns its process, so it may set what the library never would; a user's SVT_LOG wins.
-    os.environ.setdefault("SVT_LOG", "1")
     try:
         with sigterm_as_ctrl_c():
             args = build_parser().parse_args(argv)

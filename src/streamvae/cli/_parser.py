@@ -10,10 +10,12 @@ answer at once; the checks of ``--fps`` (the session's rule, in a module that ne
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 from typing import NoReturn
 
+from streamvae._checks import MAX_SEED
 from streamvae._codec_options import MAX_CRF, X264_PRESETS
 from streamvae.cli._commands import decode_job, demo_job, run_job, serve
 from streamvae.cli._devices import parse_device
@@ -34,40 +36,28 @@ def _fps(text: str) -> Fraction:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _crf(text: str) -> int:
-    try:
-        crf = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 0 <= crf <= MAX_CRF:
-        raise argparse.ArgumentTypeError(f"must be from 0 (lossless) to {MAX_CRF}, got {crf}")
-    return crf
+def _whole_number(low: int, high: int, span: str) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number from ``low`` to ``high``, a range its message says as
+    ``span``."""
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be from {span}, got {number}")
+        return number
+
+    return parse
 
 
-#: the largest seed: what ``torch.Generator.manual_seed`` takes (the server's ``seed`` has the same range)
-_MAX_SEED = 2**64 - 1
 #: the largest TCP port
 _MAX_PORT = 65535
 
-
-def _seed(text: str) -> int:
-    try:
-        seed = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 0 <= seed <= _MAX_SEED:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 2**64 - 1 ({_MAX_SEED}), got {text}")
-    return seed
-
-
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 0 <= port <= _MAX_PORT:
-        raise argparse.ArgumentTypeError(f"must be from 0 (any free port) to {_MAX_PORT}, got {port}")
-    return port
+_crf = _whole_number(0, MAX_CRF, f"0 (lossless) to {MAX_CRF}")
+_seed = _whole_number(0, MAX_SEED, f"0 to 2**64 - 1 ({MAX_SEED})")
+_port = _whole_number(0, _MAX_PORT, f"0 (any free port) to {_MAX_PORT}")
 
 
 class _Parser(argparse.ArgumentParser):

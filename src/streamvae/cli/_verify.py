@@ -15,11 +15,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from streamvae._xmp import DIGITAL_SOURCE_TYPE
 from streamvae.cli._inputs import CliError
 
 __all__ = ["describe_manifest", "verify"]
 
-_IPTC = "http://cv.iptc.org/newscodes/digitalsourcetype/"
+# IPTC's digital source types (shown by their last part: trainedAlgorithmicMedia)
+_IPTC = DIGITAL_SOURCE_TYPE.rpartition("/")[0] + "/"
 
 
 def verify(args: argparse.Namespace) -> int:
@@ -42,7 +44,12 @@ def describe_manifest(path: Path, *, trust_anchor: Path | None = None) -> list[s
             anchors = trust_anchor.read_text()
         except OSError as error:
             raise CliError(f"--trust-anchor {trust_anchor}: {error.strerror}") from None
-        context = c2pa.Context.from_dict({"trust": {"trust_anchors": anchors}})
+        try:
+            context = c2pa.Context.from_dict({"trust": {"trust_anchors": anchors}})
+        except c2pa.C2paError as error:
+            raise CliError(
+                f"--trust-anchor {trust_anchor}: not PEM CA certificates c2pa can read ({error})"
+            ) from None
     try:
         with open(path, "rb") as file:
             reader = c2pa.Reader.try_create("video/mp4", file, context=context)
@@ -79,7 +86,8 @@ def describe_manifest(path: Path, *, trust_anchor: Path | None = None) -> list[s
 def _signer(manifest: dict[str, Any]) -> str:
     info = manifest.get("signature_info", {})
     who = info.get("common_name") or "unnamed"
-    issuer = f", issued by {info['issuer']}" if info.get("issuer") else ""
+    # c2pa's "issuer" is the organization of the signing certificate's subject, not its CA
+    issuer = f" ({info['issuer']})" if info.get("issuer") else ""
     alg = f", {info['alg']}" if info.get("alg") else ""
     when = f", signed {info['time']}" if info.get("time") else ""
     return f"signer: {who}{issuer}{alg}{when}"

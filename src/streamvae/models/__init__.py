@@ -4,9 +4,9 @@ Each adapter wraps the instance (same module, same weights, nothing reloaded) an
 :class:`ChunkedDecoder`, which implements :class:`streamvae.SupportsChunkedVAEDecode`. One module per model
 family (``streamvae.models.wan``, ``.hunyuan_video``, ``.hunyuan_video15``, ``.ltx_video``, ``.cogvideox``,
 ``.minimax_h3``, ``.mochi``, ``.allegro``, ``.cosmos``, ``.magvit``, ``.stable_video``, ``.kvae``,
-``.image_vae``);
-importing this package does not import diffusers. :func:`as_decoder` turns anything decodable into a
-:class:`ChunkedDecoder`; check a decoder of your own with :func:`streamvae.testing.check_chunked_decoder`.
+``.image_vae``, ``.kandinsky6``); importing this package does not import diffusers. :func:`as_decoder`
+turns anything decodable into a :class:`ChunkedDecoder`; check a decoder of your own with
+:func:`streamvae.testing.check_chunked_decoder`.
 """
 
 from __future__ import annotations

@@ -32,9 +32,7 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "AutoencoderKLMagvit": ("streamvae.models.magvit", "MagvitChunkedDecoder"),
     "AutoencoderKLTemporalDecoder": ("streamvae.models.stable_video", "StableVideoChunkedDecoder"),
     "AutoencoderKLKVAEVideo": ("streamvae.models.kvae", "KVAEVideoChunkedDecoder"),
-    # issue 35, group C1 (AutoencoderKL): below this line
     "AutoencoderKL": ("streamvae.models.image_vae", "ImageVAEChunkedDecoder"),
-    # issue 35, group C3 (Kandinsky6SRVAE): below this line
     "Kandinsky6SRVAE": ("streamvae.models.kandinsky6", "Kandinsky6SRChunkedDecoder"),
 }
 

@@ -149,6 +149,16 @@ class WanChunkedDecoder(ChunkedDecoder):
         state.decoded += 1
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # as vae.decode joins slices
 
+    @property
+    def temporal_ratio(self) -> int:
+        """The frames each latent frame after the first gives: 2 per temporal upsampling of the decoder
+        (the mirror of the encoder's ``temperal_downsample``; 4 for Wan 2.1, Wan 2.2 and Qwen-Image)."""
+        return int(2 ** sum(bool(flag) for flag in self.vae.config["temperal_downsample"]))
+
+    def output_frames(self, latent_frames: int) -> int:
+        """One frame for the first latent frame, :attr:`temporal_ratio` for each after it."""
+        return 1 + (latent_frames - 1) * self.temporal_ratio
+
     def end_chunks(self, state: DecodeState) -> Iterator[Tensor]:
         assert isinstance(state, _WanState)
         state.lanes.clear()  # every frame was final when decoded: nothing to flush, only caches to free

@@ -15,11 +15,11 @@ in for ``vae.decode`` for the duration of the call. What the stand-in does is th
   MiniMax-H3) is not stopped: the stand-in hands back a one-pixel placeholder of the video, so the
   pipeline goes on to its audio decode and returns its soundtrack; its video output is the placeholder's,
   and is dropped. The decoded video never exists as one tensor either way.
-- **a pipeline whose own model makes its video** (issue 35, C6; LTX-2.5's diffusion decoder): the same
+- **a pipeline whose own model makes its video** (LTX-2.5's diffusion decoder): the same
   run, the stand-in in that model's ``decode``: it lets the model decode, as the pipeline calls it, and
   captures the video it made (one tensor: the model denoises every frame together) in place of latents,
   which streamvae then writes chunk by chunk (:class:`DecodedVideo`).
-- **a pipeline whose video is final only at its end** (issue 35, C8; Kandinsky 6 SR, which blends its
+- **a pipeline whose video is final only at its end** (Kandinsky 6 SR, which blends its
   decoded tiles into one canvas): no stand-in; the pipeline runs to its end (:func:`run_whole`), and
   streamvae writes the video it returned chunk by chunk (:class:`WholeVideo`).
 - **a pipeline that decodes clip by clip** (:func:`run_clips`): each call is decoded by streamvae, its
@@ -253,11 +253,11 @@ def run_to_decode(
         plan = find_plan(pipe, pipeline_kwargs, owner=owner)
     vae = pipe.vae
     calls: list[CapturedDecode] = []
-    own_decode = _own_decode(pipe, plan, owner)  # issue 35, C6: None where its VAE decodes
+    own_decode = _own_decode(pipe, plan, owner)  # None where its VAE decodes
 
     def stand_in(latents: Tensor, extra: Mapping[str, Any], return_dict: bool) -> Any:
         check_abandoned(owner)  # a cancellation during the last denoising step
-        if own_decode is not None:  # issue 35, C6: what is captured is the video its own model made
+        if own_decode is not None:  # what is captured is the video its own model made
             latents, extra = own_decode(latents, extra), {}
         captured = CapturedDecode(latents, extra)
         if not go_on:
@@ -370,7 +370,7 @@ class ClipKeeper:
             chunk = chunk[:, :, dropped:]
         if chunk.shape[2] == 0:
             return
-        if self._clips.crop is not None:  # issue 35, group C2: the region of each frame the pipeline keeps
+        if self._clips.crop is not None:  # the region of each frame the pipeline keeps
             top, left, height, width = self._clips.crop(self._kwargs, self._pipe, *chunk.shape[3:])
             chunk = chunk[:, :, :, top : top + height, left : left + width]
         self._fingerprints.extend(fingerprints(chunk, self._value_range))
@@ -457,9 +457,9 @@ def call_pipeline(
 ) -> Any:
     """Run ``pipe`` once with ``stand_in`` for its ``vae.decode`` (in this thread only), checked for a
     cancelled caller before each model forward and at each step's end; return its output. A pipeline
-    whose own model decodes its video (issue 35, C6) has ``stand_in`` for that model's ``decode``; with
-    ``stand_in`` None (issue 35, C8) its own ``vae.decode`` runs, untouched."""
-    vae = pipe.vae if plan.decodes_itself is None else getattr(pipe, plan.decodes_itself)  # issue 35, C6
+    whose own model decodes its video has ``stand_in`` for that model's ``decode``; with ``stand_in``
+    None its own ``vae.decode`` runs, untouched."""
+    vae = pipe.vae if plan.decodes_itself is None else getattr(pipe, plan.decodes_itself)
     with _turn(vae, owner):
         check_abandoned(owner)  # a cancellation before the denoising loop starts
         kwargs = dict(pipeline_kwargs)
@@ -592,7 +592,7 @@ def _turn(vae: Any, owner: str) -> Iterator[None]:
         lock.release()
 
 
-# -- issue 35, group C6: the pipelines whose own model decodes their video (LTX-2.5's diffusion decoder) --
+# -- the pipelines whose own model decodes their video (LTX-2.5's diffusion decoder) --
 
 #: frames of an already decoded video each chunk publishes (:class:`DecodedVideo`)
 _DECODED_CHUNK_FRAMES = 8
@@ -645,7 +645,7 @@ def _own_decode(
     return run
 
 
-# -- issue 35, group C8: the pipelines whose video is final only at their end (Kandinsky 6 SR) --
+# -- the pipelines whose video is final only at their end (Kandinsky 6 SR) --
 
 
 class WholeVideo(DecodedVideo):

@@ -42,13 +42,9 @@ from streamvae._decode_worker import run_decode
 from streamvae._quantize import ValueRange
 from streamvae.models import as_decoder
 from streamvae.pipelines._capture import ClipKeeper, ClipSink, call_pipeline, decode_result, video_output
-from streamvae.pipelines._plans import Clips, PipelinePlan
+from streamvae.pipelines._plans import Clips, PipelinePlan, no_drop
 
 __all__ = ["run_frame_batches"]
-
-
-def _none_dropped(call: int, kwargs: Mapping[str, Any], pipe: Any) -> int:
-    return 0
 
 
 def _every_frame_kept(kept: int, kwargs: Mapping[str, Any], pipe: Any) -> int:
@@ -56,7 +52,7 @@ def _every_frame_kept(kept: int, kwargs: Mapping[str, Any], pipe: Any) -> int:
 
 
 #: what the pipeline keeps of its decode: every frame, each final once decoded
-_EVERY_FRAME = Clips(drop_front=_none_dropped, final_length=_every_frame_kept)
+_EVERY_FRAME = Clips(drop_front=no_drop, final_length=_every_frame_kept)
 
 
 def run_frame_batches(
@@ -128,10 +124,10 @@ class _FlattenedFrames:
             pieces.append(chunk)
             self._take(chunk)
 
-        # the call's images as one entry of ``count`` frames: the adapter flattens it back to ``latents``
+        # the call's images as one entry of ``count`` frames: the adapter flattens it back to ``latents``;
+        # decoded on the worker's decode stream, which this thread's stream waits for when run_decode
+        # returns (decode_stream), so the cat below and the pipeline's reads come after the frames
         run_decode(decoder, latents.transpose(0, 1).unsqueeze(0), on_chunk, self._owner)
-        if pieces and pieces[0].is_cuda:  # decoded on the worker's decode stream: done before the pipeline
-            torch.cuda.synchronize(pieces[0].device)  # reads it on its own
         return torch.cat(pieces, dim=2)[0].transpose(0, 1)  # [1, 3, count, H, W] -> [count, 3, H, W]
 
     def end(self) -> None:

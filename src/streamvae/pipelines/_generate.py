@@ -11,9 +11,11 @@ streams each clip into one session as the pipeline decodes it.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import inspect
+import textwrap
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -109,8 +111,9 @@ async def generate_mp4(
     leave, and why the other two are refused: EasyAnimate control, which diffusers itself cannot run, and
     LTX-2 HDR, whose linear light no 8-bit MP4 holds). Anything else is a TypeError naming why, before the
     pipeline runs — the VAE first
-    (one :func:`streamvae.models.as_decoder` does not take), then the pipeline; every other argument is
-    checked at the call too.
+    (one :func:`streamvae.models.as_decoder` does not take), then the pipeline; a call with an option
+    value its plan refuses (docs/pipelines.md names them) is a ValueError naming it. Every other argument
+    is checked at the call too.
 
     Threads: the pipeline runs in a worker thread, never on the event loop, and calls on one VAE take
     turns; what stands in for ``vae.decode`` acts in that thread only (another thread's ``vae.decode``
@@ -122,7 +125,7 @@ async def generate_mp4(
     call, options = _check(
         pipe, fps, session_options, pipeline_kwargs, owner=owner, output="mp4", pipeline_fps=pipeline_fps
     )
-    if call.plan.clips is not None or in_session(call.plan) or call.plan.frame_batches is not None:
+    if _runs_as_producer(call.plan):
         async with ChunkedVideoMP4Session(options=options) as session:
             sink = ClipSink(chunk_bridge(session, owner), functools.partial(session.check_batch, owner=owner))
             await _run_clips(call, sink)
@@ -146,10 +149,10 @@ def stream_generation(
     :class:`streamvae.MP4ByteStream` delivers its video's bytes as they are written, fragmented MP4 by
     default (read the entries at once: see :func:`streamvae.stream_mp4`). For a pipeline that decodes
     once, entering the block runs the pipeline up to its decode (the denoising), and the bytes are
-    exactly those :func:`streamvae.stream_mp4` streams for its latents (issue 35, C6: for one whose own
-    model makes its video, LTX-2.5's diffusion decoder, entering it runs that model's decode too, and the
-    bytes are those of the video it made; C8: for one whose video is final only at its end, Kandinsky 6
-    SR, entering it runs the whole pipeline, and the bytes are those of the video it returned). For one
+    exactly those :func:`streamvae.stream_mp4` streams for its latents (for one whose own model makes
+    its video, LTX-2.5's diffusion decoder, entering it runs that model's decode too, and the bytes are
+    those of the video it made; for one whose video is final only at its end, Kandinsky 6 SR, entering it
+    runs the whole pipeline, and the bytes are those of the video it returned). For one
     that decodes clip by clip
     (Helios, Wan-Animate), the block is entered at its first decode, and each clip's bytes leave while
     the pipeline generates the next: the first bytes come before its last denoising step. For one that
@@ -169,7 +172,7 @@ def stream_generation(
         output="fragmented",
         pipeline_fps=pipeline_fps,
     )
-    if call.plan.clips is not None or in_session(call.plan) or call.plan.frame_batches is not None:
+    if _runs_as_producer(call.plan):
         return _streamed_clips(call, options)
     return _streamed_once(call, options)
 
@@ -215,7 +218,7 @@ async def _streamed_clips(call: _Call, options: SessionOptions) -> AsyncIterator
         try:
             sink = ClipSink(chunk_bridge(session, owner), on_batch)
             await _run_clips(call, sink)
-            # issue 35, C1: a block left while the pipeline ran on to its end (its last frames fitted the
+            # a block left while the pipeline ran on to its end (its last frames fitted the
             # buffers) has closed the session: the cancellation is what ends this producer, not finish()
             await anyio.lowlevel.checkpoint_if_cancelled()
             await session.finish()
@@ -246,7 +249,7 @@ def _check(
     """Check every argument of a call, before the pipeline runs: the pipeline's VAE, the pipeline, its
     keywords (``pipeline_fps`` among them, as its ``fps``), the fps and the session options
     (``value_range`` defaults to the VAE's decoder's)."""
-    own = own_decoder(pipe)  # issue 35, C6: a model of its own makes its video: it may have no VAE
+    own = own_decoder(pipe)  # a model of its own makes its video: it may have no VAE
     vae = check_pipeline(pipe, owner=owner) if own is None else check_own_decoder(pipe, own, owner=owner)
     try:
         probe = as_decoder(vae, owner=owner)
@@ -256,7 +259,7 @@ def _check(
             f"one streamvae decodes; pipelines whose VAE is one of {', '.join(supported_classes())} work"
         ) from None
     plan = find_plan(pipe, pipeline_kwargs, owner=owner)
-    pipeline_kwargs = _with_pipeline_fps(pipe, pipeline_kwargs, pipeline_fps, owner=owner)  # issue 35, C1
+    pipeline_kwargs = _with_pipeline_fps(pipe, pipeline_kwargs, pipeline_fps, owner=owner)
     check_pipeline_kwargs(pipe, plan, pipeline_kwargs, owner=owner)
     checked_fps = check_fps(fps, owner=owner)
     options = resolve_option_dict(
@@ -264,7 +267,7 @@ def _check(
         session_options,
         reserved=("fps",),
         given={"fps": checked_fps},
-        # issue 35, C8: a pipeline's own output video is in [0, 1]
+        # a pipeline's own output video is in [0, 1]
         value_range=WholeVideo.chunk_value_range if plan.whole_output else probe.chunk_value_range,
         output=output,
     )
@@ -275,6 +278,10 @@ def _check(
         )
     if plan.clips is not None and options.audio_waveforms is None and plan.sound is not None:
         raise TypeError(f"{owner}: {plan.name} decodes clip by clip and makes sound: streamvae cannot mux it")
+    if options.audio_waveforms is None and plan.sound is not None and plan.sound.silent is not None:
+        silent = plan.sound.silent(pipeline_kwargs, pipe)
+        if silent is not None:  # refused now, not once the whole run found no soundtrack to mux
+            raise ValueError(f"{owner}: {silent}")
     if options.provenance is not None:
         # The Content Credentials name the pipeline streamvae ran (its class), beside streamvae itself.
         options = dataclasses.replace(options, provenance=options.provenance.ran(type(pipe).__name__))
@@ -289,12 +296,16 @@ def _batch_of_call(pipe: Any, kwargs: Mapping[str, Any]) -> int | None:
     ``prompt_embeds``' first dimension, × ``num_videos_per_prompt``), so that options made for another
     batch (``output_files``, ``audio_waveforms``) are refused before the first denoising step rather than
     after the last. None where the call does not say it plainly (a modular pipeline, a pipeline without
-    those arguments, a value the pipeline itself will refuse): the batch is then checked at the decode."""
+    those arguments, a value the pipeline itself will refuse, a pipeline that sets the argument aside): the
+    batch is then checked at the decode."""
     try:
         parameters = inspect.signature(pipe).parameters
     except (TypeError, ValueError):
         return None
     if "prompt" not in parameters or "num_videos_per_prompt" not in parameters:
+        return None
+    pipeline_class: type = type(pipe)
+    if not _honours_videos_per_prompt(pipeline_class):
         return None
     per_prompt = kwargs.get("num_videos_per_prompt", parameters["num_videos_per_prompt"].default)
     if isinstance(per_prompt, bool) or not isinstance(per_prompt, int) or per_prompt < 1:
@@ -310,6 +321,29 @@ def _batch_of_call(pipe: Any, kwargs: Mapping[str, Any]) -> int | None:
     else:
         return None
     return prompts * per_prompt
+
+
+@functools.cache
+def _honours_videos_per_prompt(pipeline_class: type) -> bool:
+    """Whether ``pipeline_class.__call__`` uses the ``num_videos_per_prompt`` it is given, read from its
+    code: some of diffusers' video pipelines take the argument but set it to 1 first (the CogVideoX and
+    AnimateDiff families, Allegro, ConsisID, PIA, Wan and SkyReels-V2 video-to-video), so their batch is
+    their prompts'. False where the code cannot be read: the batch is then checked at the decode."""
+    try:
+        source = textwrap.dedent(inspect.getsource(pipeline_class.__call__))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(target, ast.Name) and target.id == "num_videos_per_prompt" for target in targets):
+            return False
+    return True
 
 
 def _with_pipeline_fps(
@@ -348,7 +382,7 @@ async def _run_once(call: _Call, options: SessionOptions) -> tuple[CapturedDecod
     result: list[CapturedDecode] = []
 
     def work() -> None:
-        if plan.whole_output:  # issue 35, C8: run to its end, its output video encoded
+        if plan.whole_output:  # run to its end, its output video encoded
             result.append(run_whole(pipe, plan, call.kwargs, owner=owner))
             return
         result.append(run_to_decode(pipe, call.kwargs, owner=owner, plan=plan, go_on=go_on))
@@ -363,12 +397,22 @@ async def _run_once(call: _Call, options: SessionOptions) -> tuple[CapturedDecod
     return captured, options
 
 
+def _runs_as_producer(plan: PipelinePlan) -> bool:
+    """Whether the pipeline runs as its session's producer, its decodes streamed by :func:`_run_clips` (it
+    decodes clip by clip, joins or blends several decodes, or decodes a few frames a ``vae.decode``
+    call), rather than being stopped at its one decode by :func:`_run_once`."""
+    return plan.clips is not None or in_session(plan) or plan.frame_batches is not None
+
+
 async def _run_clips(call: _Call, sink: ClipSink) -> None:
-    """Run a pipeline that decodes clip by clip (or, issue 35 C2, joins several decodes) in a worker thread
+    """Run a pipeline that runs as its session's producer (:func:`_runs_as_producer`) in a worker thread
     of its own (never abandoned)."""
-    run = run_in_session if in_session(call.plan) else run_clips
-    if call.plan.frame_batches is not None:  # issue 35, C1: a few frames a vae.decode call
+    if call.plan.frame_batches is not None:  # a few frames a vae.decode call
         run = run_frame_batches
+    elif in_session(call.plan):  # several decodes, joined or blended
+        run = run_in_session
+    else:
+        run = run_clips
     await run_decode_worker(run, call.pipe, call.plan, call.kwargs, sink, call.owner, limiter=_own_limiter())
 
 
@@ -380,12 +424,12 @@ def _own_limiter() -> anyio.CapacityLimiter:
 def _decoder(call: _Call, captured: CapturedDecode) -> ChunkedDecoder:
     """The decoder of the pipeline's VAE, with the decode's other arguments (LTX-Video's ``temb``), cut
     to the frames the pipeline keeps of its decode."""
-    if call.plan.decodes_itself is not None:  # issue 35, C6: the video its own model made, a chunk at a time
+    if call.plan.decodes_itself is not None:  # the video its own model made, a chunk at a time
         return as_decoder(DecodedVideo(), owner=call.owner)
-    if call.plan.whole_output:  # issue 35, C8: the video the pipeline returned, a chunk at a time
+    if call.plan.whole_output:  # the video the pipeline returned, a chunk at a time
         return as_decoder(WholeVideo(), owner=call.owner)
     decoder = as_decoder(call.pipe.vae, owner=call.owner, **captured.decode_kwargs)
-    decoder = framed_decoder(decoder, call.plan, call.kwargs, call.pipe, owner=call.owner)  # issue 35, C2
+    decoder = framed_decoder(decoder, call.plan, call.kwargs, call.pipe, owner=call.owner)
     if call.plan.keep_frames is None:
         return decoder
     keep = call.plan.keep_frames(call.kwargs, call.pipe)

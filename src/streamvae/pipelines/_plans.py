@@ -15,7 +15,7 @@ A plan says:
 - **what it keeps of each clip** (:class:`Clips`): the frames it drops from the front of a clip, and the
   length it trims the whole to once no clip follows, both as the pipeline's own code computes them;
 - **where its sound is** (:class:`Sound`): LTX-2's vocoder output, MiniMax-H3's soundtrack;
-- **what it does to its decoded video** (issue 35, group C2; streamed by ``_transforms``): the frames a
+- **what it does to its decoded video** (streamed by ``_transforms``): the frames a
   pipeline that decodes once drops from the front of its decode (:attr:`PipelinePlan.drop_frames`,
   HunyuanVideo-I2V) or puts before it (:attr:`PipelinePlan.lead_frames`, SkyReels-V2 DF video-to-video's
   input video); the decodes after the loop a pipeline joins (:class:`Joined`: Motif's ``vae_batch_size``
@@ -23,9 +23,9 @@ A plan says:
   clip-by-clip pipeline keeps (:attr:`Clips.crop`, Wan-Animate 2's letterbox); the sections a pipeline
   blends into each other (:class:`Blended`, FramePack, appended or prepended) — each as the pipeline's own
   code computes it;
-- **what makes its video, if not its VAE** (issue 35, group C6; :attr:`PipelinePlan.decodes_itself`):
+- **what makes its video, if not its VAE** (:attr:`PipelinePlan.decodes_itself`):
   LTX-2.5's diffusion decoder, whose video streamvae encodes once that model has made it whole;
-- **whether its video is final only at its end** (issue 35, group C8; :attr:`PipelinePlan.whole_output`):
+- **whether its video is final only at its end** (:attr:`PipelinePlan.whole_output`):
   Kandinsky 6 SR's tiles blended into one canvas, which streamvae encodes once the pipeline returned it.
 """
 
@@ -51,6 +51,7 @@ __all__ = [
     "find_plan",
     "first_byte",
     "is_modular",
+    "no_drop",
     "own_decoder",
     "pipeline_key",
     "plans",
@@ -122,6 +123,9 @@ class Sound:
     each waveform ``[channels, samples]`` as the pipeline made it."""
 
     read: Callable[[Any, Any], tuple[list[Tensor], int]]
+    #: ``(kwargs, pipe) -> why``: why this call makes no soundtrack, with what to pass instead (refused
+    #: before the pipeline runs unless ``audio_waveforms`` is given); None where it makes one
+    silent: Callable[[Mapping[str, Any], Any], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -150,11 +154,9 @@ class PipelinePlan:
     #: ``(kwargs, pipe) -> n``: a pipeline that decodes once and keeps only the first ``n`` frames of its
     #: decode (AllegroPipeline's ``video[:, :, :num_frames]``); None: it keeps them all
     keep_frames: Callable[[Mapping[str, Any], Any], int] | None = None
-    # issue 35, group C1 (image VAEs, Stable Video Diffusion): fields below this line
     #: a pipeline that decodes its frames as a batch of images, a few a ``vae.decode`` call, each call
     #: streamed as the pipeline makes it; None: it does not
     frame_batches: FrameBatches | None = None
-    # issue 35, group C2 (the transformations after vae.decode): fields below this line
     #: ``(kwargs, pipe) -> n``: a pipeline that decodes once and drops the first ``n`` frames of its decode
     #: (HunyuanVideo-I2V's ``video[:, :, 4:]``); None: it drops none
     drop_frames: Callable[[Mapping[str, Any], Any], int] | None = None
@@ -165,10 +167,8 @@ class PipelinePlan:
     joined: Joined | None = None
     #: a pipeline that decodes once per section and blends each into the video so far; None: it does not
     blended: Blended | None = None
-    # issue 35, group C4 (LTX-Video long multi-prompt, Sana-Video): fields below this line
     #: the calls streamvae refuses although it reproduces the pipeline; None: it refuses none
     refused_calls: RefusedCalls | None = None
-    # issue 35, group C6 (the pipelines that run diffusion inside their decode): fields below this line
     #: the component whose ``decode(latents, generator=…)`` makes the pipeline's video instead of
     #: ``vae.decode`` (LTX-2.5's ``diffusion_decoder``, a diffusion model that denoises every frame's pixels
     #: together from noise drawn for the whole clip, in one pass: no frame is final before that pass ends);
@@ -177,7 +177,6 @@ class PipelinePlan:
     #: and encodes it chunk by chunk. That video is one tensor, [B, C, F, H, W] in [-1, 1]: the model makes
     #: it so, and nothing could leave before it is whole.
     decodes_itself: str | None = None
-    # issue 35, group C8 (the pipelines whose video is final only at their end): fields below this line
     #: a pipeline whose decoded pixels are still combined once its last ``vae.decode`` returned (Kandinsky
     #: 6 SR's overlapping spatial tiles, each over every frame, blended into one canvas with Hann windows:
     #: no pixel of any frame is final before the last tile is decoded): streamvae runs it to its end, as its
@@ -207,7 +206,8 @@ def _helios_length(kept: int, kwargs: Mapping[str, Any], pipe: Any) -> int:
     return (kept - 1) // step * step + 1
 
 
-def _no_drop(call: int, kwargs: Mapping[str, Any], pipe: Any) -> int:
+def no_drop(call: int, kwargs: Mapping[str, Any], pipe: Any) -> int:
+    """:attr:`Clips.drop_front` of a pipeline that keeps every frame of every call."""
     return 0
 
 
@@ -244,7 +244,7 @@ def _minimax_h3_sound(output: Any, pipe: Any) -> tuple[list[Tensor], int]:
     return [audio[entry] for entry in range(audio.shape[0])], int(output["sampling_rate"])
 
 
-# -- issue 35, group C2: what the pipelines that transform their decode compute --
+# -- what the pipelines that transform their decode compute --
 
 
 def _hunyuan_i2v_drop(kwargs: Mapping[str, Any], pipe: Any) -> int:
@@ -312,7 +312,7 @@ def _skyreels_v2v_input(kwargs: Mapping[str, Any], pipe: Any) -> Tensor:
     return video.to(dtype=torch.float32)
 
 
-# -- issue 35, group C3: what the Cosmos, Kandinsky 6, JoyImage and Bria Fibo pipelines compute --
+# -- what the Cosmos, Kandinsky 6, JoyImage and Bria Fibo pipelines compute --
 
 
 def _cosmos_guardrail(kwargs: Mapping[str, Any], pipe: Any) -> str | None:
@@ -456,21 +456,31 @@ def _animate2_crop(
     return (height - crop_height) // 2, (width - crop_width) // 2, crop_height, crop_width
 
 
+_KANDINSKY6_SILENT = (
+    'for videos without sound pass session_options={"audio_waveforms": [None, ...], "audio_sample_rate": '
+    "16000}, one None a video (which also stops the run at its decode)"
+)
+
+
 def _kandinsky6_sound(output: Any, pipe: Any) -> tuple[list[Tensor], int]:
     """Kandinsky6TI2VAPipeline: ``output.audio`` ``[batch, samples]`` (mono) at ``audio_sample_rate``.
-    With ``sample_audio=False`` it makes none: a ValueError after the run (videos without sound are
-    ``audio_waveforms`` of one None a video in ``session_options``, which also stops the run at the
-    decode)."""
+    A call that makes none is refused before it runs (:func:`_kandinsky6_silent`); a run that made none
+    all the same is a ValueError."""
     if output.audio is None:
-        raise ValueError(
-            f"{type(pipe).__name__}: sample_audio=False made no soundtrack; for videos without sound pass "
-            'session_options={"audio_waveforms": [None, ...], "audio_sample_rate": 16000}, one None a video'
-        )
+        raise ValueError(f"{type(pipe).__name__} made no soundtrack; {_KANDINSKY6_SILENT}")
     audio = torch.as_tensor(output.audio)
     return [audio[entry][None] for entry in range(audio.shape[0])], int(pipe.audio_sample_rate)
 
 
-# -- issue 35, group C4: what the LTX-Video long multi-prompt and Sana-Video pipelines compute --
+def _kandinsky6_silent(kwargs: Mapping[str, Any], pipe: Any) -> str | None:
+    """Kandinsky6TI2VAPipeline: with ``sample_audio=False`` it makes no soundtrack (``output.audio`` is
+    None), which only its end would tell."""
+    if _argument(pipe, kwargs, "sample_audio"):
+        return None
+    return f"{type(pipe).__name__} with sample_audio=False makes no soundtrack; {_KANDINSKY6_SILENT}"
+
+
+# -- what the LTX-Video long multi-prompt and Sana-Video pipelines compute --
 
 
 def _ltx_long_frames(kwargs: Mapping[str, Any], pipe: Any) -> int:
@@ -531,7 +541,7 @@ _SANA_BINNING = RefusedCalls(
 )
 
 
-# -- issue 35, group C1: the batch and the frames a frame-batch pipeline's decode_latents flattens --
+# -- the batch and the frames a frame-batch pipeline's decode_latents flattens --
 
 
 def _channels_first(latents: Tensor) -> tuple[int, int]:
@@ -569,7 +579,9 @@ _IMAGE_VAE_PIPELINES = (
 )
 _IMAGE_FRAMES = FrameBatches(_channels_first)
 
-_HELIOS = Clips(drop_front=_no_drop, final_length=_helios_length)
+_HELIOS = Clips(drop_front=no_drop, final_length=_helios_length)
+#: WanAnimate2Blocks and its distilled sibling: the same segment loop and decode step
+_ANIMATE2 = Clips(drop_front=_animate2_drop, final_length=_animate2_length, crop=_animate2_crop)
 _ONCE = (
     # the first landing's pipelines
     "WanPipeline",
@@ -598,15 +610,12 @@ _ONCE = (
     "Kandinsky5I2VPipeline",
     "LucyEditPipeline",
     "AnyFlowPipeline",
-    # issue 35, group C3 (Cosmos, Kandinsky 6, JoyImage, Bria Fibo): names below this line
     "BriaFiboPipeline",
     "BriaFiboEditPipeline",
-    # issue 35, group C4 (LTX-Video, LTX-2, SANA): names below this line
     "LTXConditionPipeline",
     "LTXLatentUpsamplePipeline",
     "LTX2LatentUpsamplePipeline",
     "SanaWMPipeline",
-    # issue 35, group C5 (EasyAnimate, Motif image-to-video, AnyFlow FAR): names below this line
     "EasyAnimateInpaintPipeline",
     "MotifVideoImage2VideoPipeline",
     "AnyFlowFARPipeline",
@@ -634,12 +643,10 @@ _PLANS: dict[str, PipelinePlan] = {
     "MiniMaxH3Blocks": PipelinePlan(
         "MiniMaxH3Blocks", sound=Sound(_minimax_h3_sound), outputs=("videos", "audio", "sampling_rate")
     ),
-    # issue 35, group C1 (image VAEs, Stable Video Diffusion): plans below this line
     **{name: PipelinePlan(name, frame_batches=_IMAGE_FRAMES) for name in _IMAGE_VAE_PIPELINES},
     "StableVideoDiffusionPipeline": PipelinePlan(
         "StableVideoDiffusionPipeline", frame_batches=FrameBatches(_frames_first)
     ),
-    # issue 35, group C2 (the transformations after vae.decode): plans below this line
     "HunyuanVideoImageToVideoPipeline": PipelinePlan(
         "HunyuanVideoImageToVideoPipeline", drop_frames=_hunyuan_i2v_drop
     ),
@@ -661,11 +668,10 @@ _PLANS: dict[str, PipelinePlan] = {
     # Each segment is decoded inside the segment loop, and the next one conditions on it: streamed by clip.
     "WanAnimate2Blocks": PipelinePlan(
         "WanAnimate2Blocks",
-        clips=Clips(drop_front=_animate2_drop, final_length=_animate2_length, crop=_animate2_crop),
+        clips=_ANIMATE2,
         outputs=("videos",),
     ),
-    # issue 35, group C3 (Cosmos, Kandinsky 6, JoyImage, Bria Fibo): plans below this line
-    # issue 35, group C8: its tiles are blended into one canvas at its end; streamvae encodes that canvas
+    # its tiles are blended into one canvas at its end; streamvae encodes that canvas
     "Kandinsky6SRPipeline": PipelinePlan("Kandinsky6SRPipeline", whole_output=True),
     **{
         name: PipelinePlan(name, refused_calls=_COSMOS_GUARDRAIL)
@@ -684,7 +690,9 @@ _PLANS: dict[str, PipelinePlan] = {
         clips=Clips(drop_front=_transfer_overlap, final_length=_transfer_length),
         refused_calls=_COSMOS2_5_TRANSFER,
     ),
-    "Kandinsky6TI2VAPipeline": PipelinePlan("Kandinsky6TI2VAPipeline", sound=Sound(_kandinsky6_sound)),
+    "Kandinsky6TI2VAPipeline": PipelinePlan(
+        "Kandinsky6TI2VAPipeline", sound=Sound(_kandinsky6_sound, silent=_kandinsky6_silent)
+    ),
     # One decode of the reference images' latents and the targets', of which it keeps the targets.
     "JoyImageEditPipeline": PipelinePlan("JoyImageEditPipeline", joined=Joined(_joyimage_targets)),
     # A vae.decode of each entry's target after the loop, the images stacked along the batch.
@@ -693,7 +701,6 @@ _PLANS: dict[str, PipelinePlan] = {
         name: PipelinePlan(name, outputs=("videos",), refused_calls=_COSMOS3_BLOCKS)
         for name in ("Cosmos3OmniBlocks", "Cosmos3DistilledBlocks")
     },
-    # issue 35, group C4 (LTX-Video, LTX-2, SANA): plans below this line
     "LTXI2VLongMultiPromptPipeline": PipelinePlan(
         "LTXI2VLongMultiPromptPipeline", keep_frames=_ltx_long_frames, refused_calls=_LTX_LONG_TILES
     ),
@@ -712,7 +719,7 @@ _PLANS: dict[str, PipelinePlan] = {
     },
     "LTXAutoBlocks": PipelinePlan("LTXAutoBlocks", outputs=("videos",)),
     "EchoBlocks": PipelinePlan("EchoBlocks", sound=Sound(_ltx2_modular_sound), outputs=("videos", "audio")),
-    # issue 35, group C6: LTX-2.5's diffusion decoder makes the video, streamvae encodes what it made
+    # LTX-2.5's diffusion decoder makes the video, streamvae encodes what it made
     "LTX2VideoDiffusionDecodePipeline": PipelinePlan(
         "LTX2VideoDiffusionDecodePipeline", decodes_itself="diffusion_decoder"
     ),
@@ -722,7 +729,6 @@ _PLANS: dict[str, PipelinePlan] = {
         outputs=("videos", "audio"),
         decodes_itself="diffusion_decoder",
     ),
-    # issue 35, group C5 (EasyAnimate, Wan and Helios modular blocks): plans below this line
     # One vae.decode after the loop, as Wan22Blocks (VACE trims its reference frame off the latents first).
     **{
         name: PipelinePlan(name, outputs=("videos",))
@@ -736,7 +742,7 @@ _PLANS: dict[str, PipelinePlan] = {
     # WanAnimate2Blocks' segment loop and decode step, sampled without guidance.
     "WanAnimate2DistilledBlocks": PipelinePlan(
         "WanAnimate2DistilledBlocks",
-        clips=Clips(drop_front=_animate2_drop, final_length=_animate2_length, crop=_animate2_crop),
+        clips=_ANIMATE2,
         outputs=("videos",),
     ),
 }
@@ -748,7 +754,6 @@ REFUSED: dict[str, str] = {
         "diffusers 0.42.1 cannot run it: its __call__ passes encode_prompt a text_encoder_index argument it "
         "does not take, and after its loop calls a decode_latents method the class does not define"
     ),
-    # issue 35, group C4 (LTX-2's HDR pipeline)
     "LTX2HDRPipeline": (
         "its video is linear HDR light, the decode LogC3-decompressed into float32 values in [0, inf): an "
         "8-bit SDR MP4 cannot hold them, so no MP4 would be the pipeline's output"
@@ -765,8 +770,7 @@ def own_decoder(pipe: object) -> str | None:
     """The component that makes ``pipe``'s video instead of its VAE, where the plan of ``pipe``'s class (or
     blocks class) says so (:attr:`PipelinePlan.decodes_itself`); None for any other. The door asks before
     it looks for a VAE: such a pipeline may have none (LTX2VideoDiffusionDecodePipeline's is optional)."""
-    names = [pipeline_key(pipe)] if is_modular(pipe) else [cls.__name__ for cls in type(pipe).__mro__]
-    plan = next((_PLANS[name] for name in names if name in _PLANS), None)
+    plan, _ = _class_plan(pipe)
     return None if plan is None else plan.decodes_itself
 
 
@@ -788,29 +792,32 @@ def _own_call(cls: type) -> Any:
     return next(vars(base)["__call__"] for base in cls.__mro__ if "__call__" in vars(base))
 
 
+def _class_plan(pipe: object) -> tuple[PipelinePlan | None, type | None]:
+    """The plan of ``pipe``'s blocks class (modular), or of the first diffusers class in its MRO the table
+    plans, with that class (None for a modular pipeline); (None, None) where the table has none."""
+    if is_modular(pipe):
+        return _PLANS.get(pipeline_key(pipe)), None
+    for cls in type(pipe).__mro__:
+        if cls.__name__ in _PLANS and cls.__module__.startswith("diffusers."):
+            return _PLANS[cls.__name__], cls
+    return None, None
+
+
 def find_plan(pipe: object, kwargs: Mapping[str, Any], *, owner: str) -> PipelinePlan:
-    """``pipe``'s plan, or a TypeError naming why streamvae cannot reproduce this call exactly.
+    """``pipe``'s plan, or a TypeError naming why streamvae cannot reproduce this pipeline exactly, or a
+    ValueError naming the option value of this call its plan refuses (:class:`RefusedCalls`).
 
     A subclass of a planned class is that class's plan while it keeps the class's ``__call__``; one that
     overrides it runs code streamvae has not checked, and is refused.
     """
     described = f"{type(pipe).__module__}.{type(pipe).__qualname__}"
-    plan: PipelinePlan | None = None
-    if is_modular(pipe):
-        plan = _PLANS.get(pipeline_key(pipe))
-        what = f"{described} with blocks {pipeline_key(pipe)}"
-    else:
-        what = described
-        for cls in type(pipe).__mro__:
-            if cls.__name__ in _PLANS and cls.__module__.startswith("diffusers."):
-                if vars(cls)["__call__"] is _own_call(type(pipe)):
-                    plan = _PLANS[cls.__name__]
-                else:
-                    raise TypeError(
-                        f"{owner}: {described} overrides {cls.__name__}.__call__: streamvae reproduces only "
-                        "the diffusers pipelines it has checked frame for frame (docs/pipelines.md)"
-                    )
-                break
+    what = f"{described} with blocks {pipeline_key(pipe)}" if is_modular(pipe) else described
+    plan, planned = _class_plan(pipe)
+    if planned is not None and vars(planned)["__call__"] is not _own_call(type(pipe)):
+        raise TypeError(
+            f"{owner}: {described} overrides {planned.__name__}.__call__: streamvae reproduces only the "
+            "diffusers pipelines it has checked frame for frame (docs/pipelines.md)"
+        )
     if plan is None and pipeline_key(pipe) in REFUSED:
         raise TypeError(f"{owner}: {what} is refused: {REFUSED[pipeline_key(pipe)]}")
     if plan is None:
@@ -819,14 +826,14 @@ def find_plan(pipe: object, kwargs: Mapping[str, Any], *, owner: str) -> Pipelin
             f"exactly; the checked ones are {', '.join(sorted(_PLANS))} (docs/pipelines.md says why the "
             "others are refused)"
         )
-    why = plan.refused_calls.why(kwargs, pipe) if plan.refused_calls is not None else None  # issue 35, C4
+    why = plan.refused_calls.why(kwargs, pipe) if plan.refused_calls is not None else None
     if why is not None:
-        raise TypeError(f"{owner}: {what} is refused for this call: {why}")
+        raise ValueError(f"{owner}: {what} is refused for this call: {why}")
     return plan
 
 
 def _describe_transform(plan: PipelinePlan) -> str | None:
-    """What streamvae does with a pipeline that changes its decoded video (issue 35, group C2), and when
+    """What streamvae does with a pipeline that changes its decoded video, and when
     the first byte leaves; None for any other."""
     if plan.blended is not None:
         return (
@@ -861,25 +868,25 @@ def describe(plan: PipelinePlan) -> str:
         if plan.clips is not None
         else "decodes its latents chunk by chunk once its denoising is done"
     )
-    if plan.frame_batches is not None:  # issue 35, group C1
+    if plan.frame_batches is not None:
         how = (
             "streams the frames of each vae.decode call as the pipeline makes it (decode_chunk_size frames a "
             "call where it takes one, else all in one)"
         )
-    how = _describe_transform(plan) or how  # issue 35, group C2
-    if plan.decodes_itself is not None:  # issue 35, group C6
+    how = _describe_transform(plan) or how
+    if plan.decodes_itself is not None:
         how = (
             f"lets its own {plan.decodes_itself} decode (a diffusion model: every frame denoised together, "
             "from noise for the whole clip) and encodes the video it made chunk by chunk: the first byte "
             "leaves after the whole decode"
         )
-    if plan.whole_output:  # issue 35, group C8
+    if plan.whole_output:
         how = (
             "runs it to its end and encodes the video it returns chunk by chunk: the first byte leaves after "
             "the whole run, as the pipeline blends its decoded tiles (overlapping, each over every frame) "
             "into one canvas, so no frame is final before its last tile is decoded"
         )
-    if plan.refused_calls is not None:  # issue 35, group C4
+    if plan.refused_calls is not None:
         how += "; " + plan.refused_calls.summary
     return how + ("; its sound is each MP4's audio track" if plan.sound is not None else "")
 
@@ -889,7 +896,7 @@ def first_byte(plan: PipelinePlan) -> str:
     the pipeline allows."""
     if plan.decodes_itself is not None:
         return "after the whole decode"
-    if plan.whole_output:  # issue 35, group C8
+    if plan.whole_output:
         return "after the whole run"
     if plan.blended is not None:
         return "after the first section (appending); after the last (prepending, FramePack's default)"

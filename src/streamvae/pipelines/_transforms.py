@@ -21,7 +21,7 @@ does with what it decodes, so that the frames written are those the pipeline ret
   count) before anything is sent, so a plan that does not match the pipeline fails the call instead of
   writing another video.
 - **sections blended into each other** (:func:`run_blended`, FramePack): each section is decoded by
-  streamvae as the pipeline asks for it and handed back; :class:`_BlendKeeper` holds the frames the next
+  streamvae as the pipeline asks for it and handed back; :class:`BlendKeeper` holds the frames the next
   section can still change and blends them with the pipeline's own ``_soft_append``. Appending (vanilla
   sampling), all but the overlap leave as each section is decoded; prepending (the default inverted
   anti-drifting sampling), the video's first frames are the last section's, so the first byte leaves after
@@ -56,7 +56,15 @@ from streamvae.pipelines._capture import (
 )
 from streamvae.pipelines._plans import Blended, PipelinePlan
 
-__all__ = ["Framed", "framed_decoder", "in_session", "run_blended", "run_in_session", "run_joined"]
+__all__ = [
+    "BlendKeeper",
+    "Framed",
+    "framed_decoder",
+    "in_session",
+    "run_blended",
+    "run_in_session",
+    "run_joined",
+]
 
 
 class Framed(DecoderWrapper):
@@ -234,16 +242,16 @@ def run_blended(
 ) -> None:
     """Worker thread: run a pipeline that decodes once per section and blends the sections
     (:attr:`PipelinePlan.blended`), streamvae decoding each section as the pipeline asks for it and handing
-    it back; send each frame once no later section can change it (:class:`_BlendKeeper`); then check what
+    it back; send each frame once no later section can change it (:class:`BlendKeeper`); then check what
     was sent against the video the pipeline returned (a RuntimeError if it differs)."""
     assert plan.blended is not None
-    keeper = _BlendKeeper(plan.blended, pipeline_kwargs, pipe, sink, owner)
+    keeper = BlendKeeper(plan.blended, pipeline_kwargs, pipe, sink, owner)
     start, end = keeper.start_section, keeper.end_section
     video = decode_each_call(pipe, plan, pipeline_kwargs, start=start, take=keeper.take, end=end, owner=owner)
     keeper.finish(video, plan.name)
 
 
-class _BlendKeeper:
+class BlendKeeper:
     """Worker thread: the frames of a blending pipeline's video that no later section can change, sent as
     soon as they are.
 

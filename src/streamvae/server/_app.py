@@ -32,6 +32,7 @@ from starlette.websockets import WebSocket
 from torch import Tensor
 
 from streamvae._checks import (
+    MAX_SEED,
     check_bool,
     check_callable,
     check_fps,
@@ -62,7 +63,6 @@ from streamvae.server._realtime import (
 from streamvae.server._response import MP4Response
 from streamvae.server._sessions import ServerEvent, Sessions, VideoRequest
 from streamvae.server._standin import MAX_DELAY, demo_generator
-from streamvae.server._values import MAX_SEED
 from streamvae.server._videos import Video, VideoRegistry, link_header, video_routes
 from streamvae.server._websocket import (
     EndpointSettings,

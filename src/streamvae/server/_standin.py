@@ -18,10 +18,10 @@ import anyio
 import torch
 from torch import Tensor
 
-from streamvae._checks import check_fps, check_int, check_limiter, is_int
+from streamvae._checks import MAX_SEED, check_fps, check_int, check_limiter, is_int
 from streamvae.demo import DEMO_FPS, check_demo_request, demo_latent
 from streamvae.server._realtime import Interaction, Interactions, RealtimePiece
-from streamvae.server._values import MAX_SEED, shown
+from streamvae.server._values import shown
 
 __all__ = ["DEMO_SAMPLE_RATE", "MAX_DELAY", "demo_generator", "seed_of_prompt", "tone_hz"]
 

@@ -1,11 +1,8 @@
-"""A client's values as the server checks and quotes them: the seed range, and how an error shows a value."""
+"""How the server's errors show a client's value."""
 
 from __future__ import annotations
 
-__all__ = ["MAX_SEED", "shown"]
-
-#: the largest seed ``torch.Generator.manual_seed`` takes
-MAX_SEED = 2**64 - 1
+__all__ = ["shown"]
 
 
 def shown(value: object) -> str:

@@ -80,6 +80,11 @@ __all__ = [
 HOLD_TARGETS = 3
 #: ids of forgotten videos remembered, for a 410 (older ones are a 404): the set is bounded too
 FORGOTTEN_IDS = 4096
+#: seconds an ended generation waits for its recording's signature (:attr:`VideoRegistry.sign_timeout`):
+#: a KMS call and a timestamp take seconds; one that hangs leaves the replay unsigned, not the owner held
+SIGN_TIMEOUT_SECONDS = 60.0
+#: recordings signed at once, and written at once (each a worker thread, a whole recording in memory)
+RECORDING_THREADS = 2
 
 _T = TypeVar("_T")
 
@@ -165,6 +170,18 @@ class VideoRegistry:
     viewer_buffer: int = 64
     #: signs each recording that ended well (the app's ``provenance=``)
     provenance: Provenance | None = None
+    #: seconds :meth:`end` waits for a recording's signature (a KMS call and an RFC 3161 timestamp take a
+    #: second or two, hashing a recording of ``keep_bytes`` less): past it the replay stays unsigned
+    sign_timeout: float = SIGN_TIMEOUT_SECONDS
+    # The threads that sign recordings, and those that write them (never anyio's default limiter, which
+    # the ASGI server shares). Apart: a signature abandoned past ``sign_timeout`` keeps its token on trio
+    # until its signer returns, and a write must not wait for it (a wait for a signing token is bounded).
+    _signers: anyio.CapacityLimiter = field(
+        default_factory=lambda: anyio.CapacityLimiter(RECORDING_THREADS), init=False
+    )
+    _writers: anyio.CapacityLimiter = field(
+        default_factory=lambda: anyio.CapacityLimiter(RECORDING_THREADS), init=False
+    )
     _videos: OrderedDict[str, Video] = field(default_factory=OrderedDict, init=False)  # oldest first
     _forgotten: OrderedDict[str, None] = field(default_factory=OrderedDict, init=False)
     #: bytes served to the viewers of videos forgotten since
@@ -181,17 +198,39 @@ class VideoRegistry:
 
     async def end(self, video: Video, error: BaseException | None = None) -> None:
         """The owner's generation has ended (with ``error`` if it failed): every viewer gets a clean end,
-        the recording is written to ``recording_dir``, and the retention applies. Shielded: an owner
-        cancelled on its way out still ends its video."""
+        then, with ``provenance``, the recording is signed (at most :attr:`sign_timeout` seconds), then
+        written to ``recording_dir``, and the retention applies. Shielded: an owner cancelled on its way
+        out still ends its video.
+
+        The end is told first: a hung KMS or timestamp server never holds a viewer. A replay asked for
+        before the signature is in serves the unsigned recording, as one after a failed signature does.
+        """
         with anyio.CancelScope(shield=True):
-            if self.provenance is not None and error is None and video.broadcast.parts:
-                # Signed before the end is told: a replay that follows the end gets the signed recording.
-                await anyio.to_thread.run_sync(self._sign, video, self.provenance)
             if video.broadcast.state == "live":
                 video.broadcast.end(error)
+            if self.provenance is not None and error is None and video.broadcast.parts:
+                await self._sign_in_time(video, self.provenance)
             if self.recording_dir is not None and video.broadcast.parts:
-                await anyio.to_thread.run_sync(self._record, video)
+                await anyio.to_thread.run_sync(self._record, video, limiter=self._writers)
             self._retain()
+
+    async def _sign_in_time(self, video: Video, provenance: Provenance) -> None:
+        """Sign ``video``'s recording in a worker thread, and swap the signed copy and the manifest in; past
+        :attr:`sign_timeout` the thread is left to its signer (what it makes is dropped), and the failure
+        logged: the replay stays unsigned."""
+        signed: tuple[bytes, bytes] | None = None
+        with anyio.move_on_after(self.sign_timeout) as waited:
+            signed = await anyio.to_thread.run_sync(
+                self._sign, video, provenance, limiter=self._signers, abandon_on_cancel=True
+            )
+        if waited.cancelled_caught:
+            logger.error(
+                "signing video %s's recording took over %s seconds (its replay is unsigned)",
+                video.id,
+                self.sign_timeout,
+            )
+        elif signed is not None:
+            video.signed, video.manifest = signed
 
     def discard(self, video: Video) -> None:
         """A generation turned away before it started (a 503): it was never a video."""
@@ -218,20 +257,19 @@ class VideoRegistry:
         }
 
     @staticmethod
-    def _sign(video: Video, provenance: Provenance) -> None:
+    def _sign(video: Video, provenance: Provenance) -> tuple[bytes, bytes] | None:
         """Worker thread: the recording signed, and the detached manifest of the bytes as streamed, if it
         is complete (a generation cut short, its client gone, is no video to vouch for). A failure is
-        logged: the replay is then the unsigned recording its viewers got, with no credentials."""
+        logged (None): the replay is then the unsigned recording its viewers got, with no credentials."""
         recording = video.broadcast.mp4_bytes()
         if recording[-12:-8] != b"mfro":  # the muxer's trailer (mfra, ending in its mfro) was not written
-            return
+            return None
         what = f"video {video.id}'s recording"
         try:
-            video.signed = provenance.sign(recording, what=what)
-            video.manifest = provenance.detached(recording, what=what)
+            return provenance.sign(recording, what=what), provenance.detached(recording, what=what)
         except SigningError as error:
-            video.signed = video.manifest = None
             logger.error("%s (its replay is unsigned)", error, exc_info=error.__cause__)
+            return None
 
     def _record(self, video: Video) -> None:
         assert self.recording_dir is not None
